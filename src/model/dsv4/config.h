@@ -76,6 +76,14 @@ struct ModelConfig {
   int weight_block = 128;                  // weight_block_size (square)
   std::string expert_dtype;                // "fp4" (MXFP4) | "fp8" (Base) | "" (= dense dtype)
 
+  // V4-Flash-0731 DSpark drafter (all zero/empty for other variants). Its
+  // stages are blocks mtp.0..S-1 with compress_ratios[num_layers + s].
+  int num_dspark_stages = 0;               // compress_ratios entries beyond num_layers (3)
+  int dspark_block_size = 0;               // 5 draft positions per step
+  int dspark_noise_token_id = 0;           // 128799
+  int dspark_markov_rank = 0;              // 256
+  std::vector<int> dspark_target_layer_ids;  // [40, 41, 42]: main layers whose outputs feed main_proj
+
   int compress_ratio(int layer) const { return compress_ratios.at(size_t(layer)); }
   bool is_hash_layer(int layer) const { return layer < num_hash_layers; }
 };

@@ -97,6 +97,21 @@ struct MtpWeights {
   LayerWeights block;
 };
 
+// V4-Flash-0731 DSpark drafter: stages mtp.0..S-1 are full blocks (ratio from
+// compress_ratios[num_layers + s], bias-gated MoE); the fusion input lives on
+// stage 0 and the heads on the last stage.
+struct DsparkWeights {
+  Linear main_proj;               // [D, D * n_target_layers] (mtp.0.main_proj), FP8 or plain
+  TensorView main_norm;           // [D] (mtp.0.main_norm)
+  std::vector<LayerWeights> stages;
+  TensorView norm;                // [D] (mtp.{S-1}.norm)
+  HcWeights hc_head;              // mtp.{S-1}.hc_head_*
+  TensorView markov_w1;           // bf16 [vocab, markov_rank], an embedding table
+  Linear markov_w2;               // [vocab, markov_rank], plain (bf16)
+  Linear confidence_proj;         // [1, D + markov_rank], plain (bf16)
+  bool present() const { return !stages.empty(); }
+};
+
 struct ModelWeights {
   TensorView embed;               // bf16 [vocab, D]
   Linear head;                    // [vocab, D]
@@ -104,6 +119,7 @@ struct ModelWeights {
   HcWeights hc_head;
   std::vector<LayerWeights> layers;
   std::vector<MtpWeights> mtp;
+  DsparkWeights dspark;           // 0731 only
 };
 
 }  // namespace aff::dsv4
