@@ -11,6 +11,7 @@
 
 #include "affinity/status.h"
 #include "model/dsv4/loaded_model.h"
+#include "model/dsv4/state.h"  // complete type: callers own unique_ptr<State>
 
 namespace aff::dsv4 {
 
@@ -18,8 +19,6 @@ struct ForwardOptions {
   int max_layers = -1;              // run only the first N layers (debug); -1 = all
   bool no_routed_experts = false;   // skip routed experts (shared expert only; debug)
 };
-
-class State;  // per-sequence incremental state (state.h)
 
 // A fresh state for one sequence of at most max_positions tokens.
 std::unique_ptr<State> make_state(const LoadedModel& model, int64_t max_positions);

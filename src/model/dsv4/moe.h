@@ -1,0 +1,38 @@
+// V4 mixture of experts, float32: a router (sqrt-softplus scores; the bias only
+// steers selection; hash layers take their experts from tid2eid[token]),
+// normalised top-k weights x routed_scaling_factor, SwiGLU experts with the
+// swiglu_limit clamp, plus the shared expert.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "affinity/status.h"
+#include "model/dsv4/config.h"
+#include "model/dsv4/weights.h"
+
+namespace aff::dsv4 {
+
+// The experts chosen for T tokens and their weights.
+struct Routing {
+  int k = 0;
+  std::vector<int32_t> experts;  // [T, k]
+  std::vector<float> weights;    // [T, k], already x routed_scaling_factor
+};
+
+// Router of one layer. x: [T, D] (after ffn_norm); tokens: [T] ids (hash layers).
+// Fails (naming the tensor) if tid2eid holds an expert id out of range.
+Status moe_route(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
+                 const int32_t* tokens, const float* x, int64_t T, Routing& routing);
+
+// out: [T, D] = sum_i weight_i * E_i(x) + E_shared(x). With no_routed, only the
+// shared expert (debug option).
+Status moe_forward(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
+                   const int32_t* tokens, const float* x, int64_t T, bool no_routed, float* out);
+
+// One SwiGLU expert, unweighted: out[t] = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)),
+// L = swiglu_limit (0 disables the clamp). x: [T, D]; out: [T, D].
+void expert_forward(const ModelConfig& cfg, const ExpertWeights& e, const float* x, int64_t T,
+                    float* out);
+
+}  // namespace aff::dsv4
