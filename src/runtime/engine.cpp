@@ -1,0 +1,150 @@
+// Engine and Session over the DeepSeek-V4 CPU reference forward pass.
+#include "affinity/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "model/dsv4/forward.h"
+#include "model/dsv4/loaded_model.h"
+#include "runtime/model_path.h"
+#include "tokenizer/tokenizer.h"
+
+namespace aff {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Cap for ctx_size 0: the full 1M-position window of V4-Flash would make every
+// session reserve state it almost never uses.
+constexpr int64_t kDefaultContextCap = 65536;
+
+class DsV4Session final : public Session {
+ public:
+  DsV4Session(const dsv4::LoadedModel& model, const EngineOptions& opts, int64_t max_positions)
+      : model_(model), state_(dsv4::make_state(model, max_positions)), max_positions_(max_positions) {
+    fwd_.max_layers = opts.max_layers;
+    fwd_.no_routed_experts = opts.no_routed_experts;
+    chunk_ = opts.prefill_chunk_size > 0 ? opts.prefill_chunk_size : 0;
+  }
+
+  Status eval(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
+    const int64_t vocab = model_.config.vocab_size;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= vocab) {
+        return invalid_argument(fmt::format("token id {} at input position {} is outside the vocabulary [0, {})",
+                                            tokens[i], i, vocab));
+      }
+    }
+    const int64_t n_past = dsv4::state_n_past(*state_);
+    if (n_past + int64_t(tokens.size()) > max_positions_) {
+      return out_of_range(fmt::format("context full: {} positions used + {} new tokens exceed the session's {}",
+                                      n_past, tokens.size(), max_positions_));
+    }
+    if (all_logits != nullptr) all_logits->assign(tokens.size() * size_t(vocab), 0.0f);
+    if (tokens.empty()) return Status::ok();
+
+    const size_t step = chunk_ > 0 ? size_t(chunk_) : tokens.size();
+    for (size_t start = 0; start < tokens.size(); start += step) {
+      const size_t n = std::min(step, tokens.size() - start);
+      const bool all = all_logits != nullptr;
+      AFF_RETURN_IF_ERROR(dsv4::forward(model_, *state_, tokens.subspan(start, n), all, scratch_, fwd_));
+      if (all) {
+        std::copy(scratch_.begin(), scratch_.end(), all_logits->begin() + ptrdiff_t(start * size_t(vocab)));
+      }
+    }
+    // scratch_ holds either the last chunk's rows or just its last row.
+    last_.assign(scratch_.end() - vocab, scratch_.end());
+    return Status::ok();
+  }
+
+  std::span<const float> last_logits() const override { return last_; }
+  int64_t n_past() const override { return dsv4::state_n_past(*state_); }
+  int64_t max_positions() const override { return max_positions_; }
+  void reset() override {
+    dsv4::state_reset(*state_);
+    last_.clear();
+  }
+
+ private:
+  const dsv4::LoadedModel& model_;
+  std::unique_ptr<dsv4::State> state_;
+  int64_t max_positions_;
+  dsv4::ForwardOptions fwd_;
+  int chunk_ = 0;
+  std::vector<float> scratch_;  // forward output: [T, vocab] or [vocab]
+  std::vector<float> last_;     // [vocab]
+};
+
+class DsV4Engine final : public Engine {
+ public:
+  DsV4Engine(EngineOptions opts, std::unique_ptr<dsv4::LoadedModel> model, std::unique_ptr<Tokenizer> tok,
+             ModelInfo info)
+      : opts_(std::move(opts)), model_(std::move(model)), tok_(std::move(tok)), info_(std::move(info)) {}
+
+  const ModelInfo& info() const override { return info_; }
+  const Tokenizer& tokenizer() const override { return *tok_; }
+  std::unique_ptr<Session> new_session(int64_t max_positions) override {
+    const int64_t n = max_positions > 0 ? std::min(max_positions, info_.max_context) : info_.max_context;
+    return std::make_unique<DsV4Session>(*model_, opts_, n);
+  }
+
+ private:
+  EngineOptions opts_;
+  std::unique_ptr<dsv4::LoadedModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  ModelInfo info_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  EngineOptions opts = options;
+  if (opts.model_path.empty()) {
+    AFF_ASSIGN_OR_RETURN(opts.model_path, runtime::find_default_model(runtime::default_model_roots()));
+  }
+  std::error_code ec;
+  const fs::file_status st = fs::status(opts.model_path, ec);
+  if (!fs::exists(st)) return not_found(fmt::format("model directory '{}' does not exist", opts.model_path));
+  if (!fs::is_directory(st)) {
+    return unsupported(fmt::format("model '{}' is not a directory; only HF checkpoint directories load for now",
+                                   opts.model_path));
+  }
+  if (opts.threads > 0) omp_set_num_threads(opts.threads);
+
+  auto model = dsv4::load_checkpoint_dir(opts.model_path);
+  if (!model.is_ok()) return model.status();
+
+  if (opts.tokenizer_path.empty()) opts.tokenizer_path = (fs::path(opts.model_path) / "tokenizer.json").string();
+  if (!fs::exists(opts.tokenizer_path, ec)) {
+    return not_found(fmt::format("tokenizer '{}' does not exist (give one with --tokenizer FILE)", opts.tokenizer_path));
+  }
+  auto tok = Tokenizer::load(opts.tokenizer_path);
+  if (!tok.is_ok()) return tok.status();
+
+  const dsv4::ModelConfig& cfg = model.value()->config;
+  if (int64_t(tok.value()->vocab_size()) > cfg.vocab_size) {
+    return invalid_argument(fmt::format("tokenizer '{}' has {} ids but the model's vocab_size is {}",
+                                        opts.tokenizer_path, tok.value()->vocab_size(), cfg.vocab_size));
+  }
+
+  ModelInfo info;
+  info.source = opts.model_path;
+  info.name = fs::path(opts.model_path).lexically_normal().filename().string();
+  if (info.name.empty()) info.name = fs::path(opts.model_path).lexically_normal().parent_path().filename().string();
+  info.vocab_size = cfg.vocab_size;
+  const int64_t model_max = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : kDefaultContextCap;
+  info.max_context = opts.ctx_size > 0 ? std::min(opts.ctx_size, model_max) : std::min(model_max, kDefaultContextCap);
+  info.bos_id = cfg.bos_token_id;
+  info.eos_id = cfg.eos_token_id;
+
+  return std::unique_ptr<Engine>(
+      std::make_unique<DsV4Engine>(std::move(opts), std::move(model).value(), std::move(tok).value(), std::move(info)));
+}
+
+}  // namespace aff
