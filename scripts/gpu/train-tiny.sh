@@ -6,8 +6,8 @@
 # Needs tools/tiny_model/work/data/{train,eval}.u16 and tools/tiny_model/work/tokenizer.json
 # (built by tools/tiny_model: build_corpus.py, train_tokenizer.py, tokenize_corpus.py; see
 # docs/tiny-model.md).  Python (torch + transformers with DeepseekV4) comes from $PYTHON or
-# python3.  OUT_DIR receives the three export shards, the master weights in four bf16 parts and
-# meta.tar.gz (config, index, metrics, log): eight files, each below 16 MB.
+# python3.  OUT_DIR receives the three export shards, the non-expert master weights in two float32 parts and
+# meta.tar.gz (config, index, metrics, log): six files, each below 16 MB, 55 MB in all.
 set -euo pipefail
 out=${1:?usage: train-tiny.sh OUT_DIR MINUTES [flags]}
 minutes=${2:?usage: train-tiny.sh OUT_DIR MINUTES [flags]}

@@ -10,7 +10,8 @@ balanced without an auxiliary loss: after every step each gate's selection bias 
 --bias-rate towards the mean load (DeepSeek's aux-loss-free balancing).
 
 At the end: held-out statistics of the float32 master weights and of the quantised weights,
-the official-layout export (export.py), and the master weights (bf16, for re-exports).
+the official-layout export (export.py), and the float32 master weights of all but the routed
+experts.
 
     python train.py --data work/data --tokenizer work/tokenizer.json --out work/run --minutes 10
 """
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--qat-frac", type=float, default=0.15)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--idx-weight", type=float, default=1.0)
-    ap.add_argument("--bias-rate", type=float, default=1e-3)
+    ap.add_argument("--bias-rate", type=float, default=2e-3)
     ap.add_argument("--eval-every", type=float, default=90.0, help="seconds between held-out probes")
     ap.add_argument("--eval-chunks", type=int, default=0, help="limit the final evaluation (debugging)")
     ap.add_argument("--seed", type=int, default=0)
@@ -159,10 +160,11 @@ def main():
     import export
     exp_dir = os.path.join(args.out, "export")
     export.export(model, args.tokenizer, exp_dir)
-    # master weights, bf16, in 4 files of similar size (largest tensors first into the lightest)
-    parts, sizes = [{} for _ in range(4)], [0] * 4
-    items = [(k, v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in master.items()]
-    for k, v in sorted(items, key=lambda kv: -kv[1].numel() * kv[1].element_size()):
+    # master weights of everything but the routed experts (whose trained values are exactly the
+    # exported MXFP4 ones after the quantisation-aware phase), float32, in 2 files below 16 MB
+    keep = [(k, v) for k, v in master.items() if ".experts.gate_up_proj" not in k and ".experts.down_proj" not in k]
+    parts, sizes = [{}, {}], [0, 0]
+    for k, v in sorted(keep, key=lambda kv: -kv[1].numel() * kv[1].element_size()):
         i = sizes.index(min(sizes))
         parts[i][k] = v
         sizes[i] += v.numel() * v.element_size()
