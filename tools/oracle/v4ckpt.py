@@ -501,9 +501,10 @@ def _shard_of(name: str, cfg: V4Config, n_shards: int) -> int:
 
 
 def save_checkpoint(out_dir: str, cfg: V4Config, stored: dict, n_shards: int = 2,
-                    extra_config: dict | None = None) -> None:
+                    extra_config: dict | None = None, tokenizer: bool = False) -> None:
     """Write config.json, model.safetensors.index.json and `n_shards` (>= 2) shards named
-    model-0000i-of-0000N.safetensors (the official naming)."""
+    model-0000i-of-0000N.safetensors (the official naming); with `tokenizer`, also a placeholder
+    tokenizer.json of exactly vocab_size ids (see tokenizer_json)."""
     cfg.check()
     assert n_shards >= 2
     os.makedirs(out_dir, exist_ok=True)
@@ -528,6 +529,8 @@ def save_checkpoint(out_dir: str, cfg: V4Config, stored: dict, n_shards: int = 2
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
         f.write("\n")
+    if tokenizer:
+        write_tokenizer(out_dir, cfg.vocab_size)
 
 
 def load_checkpoint(ckpt_dir: str) -> tuple:
@@ -752,3 +755,70 @@ def transformers_renaming_check(cfg: V4Config) -> None:
             bad.append((name, mine, theirs))
     if bad:
         raise AssertionError(f"renaming disagrees with transformers: {bad[:5]}")
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+# V4's pre-tokenizer (v4-formats-and-api.md §2): three ordered Split passes, then ByteLevel.
+_V4_SPLITS = [
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+V4_BOS, V4_EOS, V4_PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
+
+
+def _byte_to_unicode() -> dict:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(keep, chars)}
+
+
+def tokenizer_json(vocab_size: int) -> dict:
+    """A byte-level BPE tokenizer.json in V4's shape with exactly `vocab_size` ids: BOS/EOS/pad at
+    0/1/2 (as in V4), the 256 byte symbols at 3..258, then merges of letter pairs (deterministic)
+    filling the rest. For tiny random checkpoints, which need a tokenizer only so that a runtime
+    that insists on one can start; the ids carry no meaning."""
+    assert vocab_size >= 259, "need room for 3 specials and 256 byte symbols"
+    b2u = _byte_to_unicode()
+    vocab = {V4_BOS: 0, V4_EOS: 1, V4_PAD: 2}
+    for b in range(256):
+        vocab[b2u[b]] = 3 + b
+    merges = []
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    printable = [b2u[c] for c in range(33, 127)]
+    pairs = ([(a, b) for a in letters for b in letters] + [(b2u[32], a) for a in letters]
+             + [(a, b) for a in printable for b in printable])
+    for a, b in pairs:
+        if len(vocab) >= vocab_size:
+            break
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+            merges.append([a, b])
+    assert len(vocab) == vocab_size, "not enough merge candidates for this vocab size"
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t, i in ((V4_BOS, 0), (V4_EOS, 1), (V4_PAD, 2))]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": []},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in _V4_SPLITS
+        ] + [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+
+
+def write_tokenizer(out_dir: str, vocab_size: int) -> None:
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_json(vocab_size), f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
