@@ -26,7 +26,10 @@ std::vector<std::string> default_model_roots() {
 #endif
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back((exe.parent_path() / ".." / ".." / "models").lexically_normal().string());
+  if (!ec) {
+    const std::string next_to_binary = (exe.parent_path() / ".." / ".." / "models").lexically_normal().string();
+    if (std::find(roots.begin(), roots.end(), next_to_binary) == roots.end()) roots.push_back(next_to_binary);
+  }
   return roots;
 }
 

@@ -170,8 +170,11 @@ int generate(const aff::core::Options& o, aff::Engine& engine, const std::vector
   write_out(decoder.flush());
   if (isatty(fileno(stdout)) && (wrote || !o.no_echo)) write_out("\n");
 
-  std::fprintf(stderr, "affinity: prefill %zu tokens in %.3f s (%s tok/s); decode %zu tokens in %.3f s (%s tok/s)\n",
-               prompt.size(), prefill_s, rate(prompt.size(), prefill_s).c_str(), generated, decode_s,
+  // The decode rate counts forward steps: the last generated token needs none.
+  std::fprintf(stderr,
+               "affinity: prefill %zu tokens in %.3f s (%s tok/s); generated %zu tokens, %zu decode steps in %.3f s "
+               "(%s tok/s)\n",
+               prompt.size(), prefill_s, rate(prompt.size(), prefill_s).c_str(), generated, decoded, decode_s,
                rate(decoded, decode_s).c_str());
   return kExitOk;
 }
@@ -224,7 +227,8 @@ int run(int argc, char** argv) {
 
   auto prompt = prompt_ids(o, text, *engine.value());
   if (!prompt.is_ok()) return failure(prompt.status().message());
-  for (const std::vector<int32_t>* list : {&prompt.value(), &o.force_tokens}) {
+  const std::vector<int32_t>* lists[] = {&prompt.value(), &o.force_tokens};
+  for (const std::vector<int32_t>* list : lists) {
     for (int32_t id : *list) {
       if (id >= info.vocab_size) {
         return failure(fmt::format("token id {} is outside the model's vocabulary [0, {})", id, info.vocab_size));
