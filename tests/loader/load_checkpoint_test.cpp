@@ -448,3 +448,44 @@ TEST_F(LoaderTest, BrokenConfigs) {
 
 }  // namespace
 }  // namespace aff::dsv4
+
+namespace aff::dsv4 {
+namespace {
+
+// Checkpoints written by the independent Python oracle writer (the golden
+// fixtures) load, and hold exactly the tensors our layout expects: no more, no less.
+TEST(IndependentCheckpoints, GoldenFixturesLoadWithExactlyTheExpectedTensors) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(AFFINITY_TEST_DATA) / "golden";
+  int checked = 0;
+  if (fs::is_directory(root)) {
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (!fs::exists(entry.path() / "config.json")) continue;
+      SCOPED_TRACE(entry.path().string());
+      auto m = load_checkpoint_dir(entry.path().string());
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      auto idx = format::TensorIndex::open_dir(entry.path().string());
+      ASSERT_TRUE(idx.is_ok());
+      auto plan = synthetic_checkpoint_plan((*m)->config);
+      ASSERT_TRUE(plan.is_ok());
+      size_t expected = 0;
+      for (const SyntheticUnit& u : *plan) {
+        if (!u.is_linear) {
+          EXPECT_NE(idx->find(u.name), nullptr) << u.name;
+          ++expected;
+          continue;
+        }
+        const TensorView* w = idx->find(u.name + ".weight");
+        ASSERT_NE(w, nullptr) << u.name;
+        ++expected;
+        if (w->dtype == DType::kF8E4M3 || w->dtype == DType::kI8) ++expected;  // its .scale
+      }
+      EXPECT_EQ(idx->tensors().size(), expected);
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no golden checkpoints under " << root;
+}
+
+}  // namespace
+}  // namespace aff::dsv4
