@@ -81,7 +81,7 @@ std::vector<OptionSpec> build_table() {
   constexpr double kI32 = 2147483647.0;
   return {
       // Model
-      text(kModel, "-m", "--model", "DIR", &O::model, "the embedded default model (models/<name>/)",
+      text(kModel, "-m", "--model", "DIR", &O::model, "the embedded default model under models/",
            "Checkpoint directory: config.json, model.safetensors.index.json and shards, tokenizer.json.",
            "AFF_MODEL"),
       text(kModel, "", "--tokenizer", "FILE", &O::tokenizer, "DIR/tokenizer.json", "HF tokenizer.json to use."),

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -198,6 +200,21 @@ TEST(Options, StrictNumberParsers) {
   EXPECT_FALSE(parse_id_list("", ids));
   EXPECT_FALSE(parse_id_list(",", ids));
   EXPECT_FALSE(parse_id_list("+1", ids));
+}
+
+}  // namespace
+}  // namespace aff::core
+
+namespace aff::core {
+namespace {
+
+// docs/config.md is generated (`affinity --help-md`); a flag added to the
+// table without regenerating it fails here.
+TEST(Options, DocsConfigMdIsUpToDate) {
+  std::ifstream in(std::string(AFFINITY_SOURCE_DIR) + "/docs/config.md", std::ios::binary);
+  ASSERT_TRUE(in) << "docs/config.md is missing";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(doc, options_markdown()) << "regenerate with: build/bin/affinity --help-md > docs/config.md";
 }
 
 }  // namespace
