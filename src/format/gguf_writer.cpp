@@ -113,7 +113,8 @@ Status GgufWriter::write_value(const GgufValue& v) {
     }
     default: {
       // Integers and bool: the low bytes of the (sign-extended) value.
-      const uint64_t bits = uint64_t(*v.as_int());
+      const auto u = v.as_uint();
+      const uint64_t bits = u ? *u : uint64_t(*v.as_int());
       return write_raw(&bits, gguf_scalar_size(v.type()));
     }
   }
