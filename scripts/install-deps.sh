@@ -3,7 +3,9 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3 ca-certificates
       nlohmann-json3-dev libfmt-dev libpcre2-dev libgtest-dev libcpp-httplib-dev
-      libxxhash-dev libzstd-dev)
+      libxxhash-dev libzstd-dev
+      # clang + libFuzzer runtime: scripts/fuzz-gguf.sh (GGUF reader fuzzing)
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
