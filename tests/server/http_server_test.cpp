@@ -107,6 +107,17 @@ TEST_F(HttpServerTest, HealthModelsMetricsTokenize) {
   EXPECT_NE(m.body.find("# TYPE affinity_server_generated_tokens_total counter"), std::string::npos);
 }
 
+TEST_F(HttpServerTest, ServesTheChatPage) {
+  start();
+  HttpReply page = http(port_, "GET", "/");
+  ASSERT_EQ(page.status, 200);
+  EXPECT_EQ(page.headers["content-type"].rfind("text/html", 0), 0u);
+  EXPECT_NE(page.body.find("chat.js"), std::string::npos);
+  HttpReply js = http(port_, "GET", "/chat.js");
+  EXPECT_EQ(js.status, 200);
+  EXPECT_NE(js.body.find("reasoning_content"), std::string::npos);
+}
+
 TEST_F(HttpServerTest, ChatNonStreamingSplitsReasoningAndContent) {
   engine_.set_script([](const std::string&) { return "Let me see.</think>Hello, world!"; });
   start();

@@ -1,0 +1,101 @@
+"""The official openai client against affinity serving the tiny model."""
+import concurrent.futures
+import json
+import random
+import urllib.error
+import urllib.request
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_models(client, model_id):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model_id]
+
+
+def test_chat_non_streaming(client, model_id):
+    r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hello"}],
+                                       max_tokens=24, temperature=0, extra_body={"thinking": {"type": "disabled"}})
+    choice = r.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert isinstance(choice.message.content, str)
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_with_usage(client, model_id):
+    stream = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Count"}],
+                                            max_tokens=16, stream=True, stream_options={"include_usage": True})
+    finish, usage, pieces = None, None, 0
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces += 1
+            finish = c.finish_reason or finish
+    assert pieces > 1
+    assert finish in ("stop", "length", "tool_calls")
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_tool_call_round_trip(client, model_id):
+    """tool_calls out (if the model calls), tool result in, final answer."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=64,
+                                       temperature=0)
+    msg = r.choices[0].message
+    if msg.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls"
+        call = msg.tool_calls[0]
+        json.loads(call.function.arguments)  # always valid JSON
+        messages.append({"role": "assistant", "content": msg.content,
+                         "tool_calls": [tc.model_dump() for tc in msg.tool_calls],
+                         "reasoning_content": getattr(msg, "reasoning_content", None)})
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"})
+    else:
+        # A tiny model may answer directly; replay a canonical call so the
+        # second half of the round trip is still exercised.
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]})
+        messages.append({"role": "tool", "tool_call_id": "call_0", "content": "18C and sunny"})
+    final = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=32,
+                                           temperature=0)
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_completions(client, model_id):
+    r = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(r.choices[0].text, str)
+
+
+def test_bounded_load(client, model_id):
+    """32 clients x 20 requests, zero failures."""
+    def one(i):
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": f"hi {i}"}],
+                                           max_tokens=4, extra_body={"thinking": {"type": "disabled"}})
+        return r.choices[0].finish_reason
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32 * 20)))
+    assert all(f in ("stop", "length") for f in results)
+
+
+def test_fuzzed_bodies_never_crash(base_url, model_id):
+    valid = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    rng = random.Random()
+    for _ in range(200):
+        b = bytearray(valid.encode())
+        for _ in range(rng.randint(1, 5)):
+            b[rng.randrange(len(b))] = rng.choice(b'{}[]",:0a\\ \x01\xff')
+        req = urllib.request.Request(base_url + "/v1/chat/completions", data=bytes(b),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                assert r.status == 200
+        except urllib.error.HTTPError as e:
+            assert e.code in (400, 413), e.code
+            assert "error" in json.loads(e.read())
+    with urllib.request.urlopen(base_url + "/health", timeout=10) as r:
+        assert r.status == 200
