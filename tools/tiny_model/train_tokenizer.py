@@ -62,7 +62,7 @@ def main():
     n = len(j["model"]["vocab"]) + len(tail)
     assert n == args.vocab and max(ids.values()) == args.vocab - 1, (n, ids)
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(j, f, ensure_ascii=False, indent=1)
+        json.dump(j, f, ensure_ascii=False)
         f.write("\n")
     print(f"vocab {n}: BPE {len(j['model']['vocab'])} + {len(tail)} tail added tokens; merges {len(j['model']['merges'])}")
 
