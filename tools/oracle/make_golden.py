@@ -83,6 +83,12 @@ def random_weights(cfg: vc.V4Config, rng: np.random.Generator) -> dict:
     """Float32 master weights (official names) scaled so that activations stay O(1), attention
     and routing are far from uniform, and logits have a std of ~2.5 (non-degenerate softmax)."""
     D = cfg.hidden_size
+    # A direction shared by every token embedding (like the dominant mean direction of a trained
+    # model's hidden states), which the indexer's weights_proj rows lean on: the per-head index
+    # weights then are mostly positive, so index scores are not riddled with exact-zero ties
+    # (all-ReLU-zero entries) at the top-k boundary.
+    common = rng.normal(0, 1, D)
+    common /= np.linalg.norm(common)
     out = {}
     for name, kind, shape in vc.tensor_specs(cfg):
         leaf = name.rsplit(".", 1)[-1] if not name.endswith(".weight") else name.rsplit(".", 2)[-2]
@@ -116,6 +122,10 @@ def random_weights(cfg: vc.V4Config, rng: np.random.Generator) -> dict:
             w = 1.0 + rng.normal(0, 0.15, shape)
         else:                             # projections [out, in]
             w = rng.normal(0, 1.0 / np.sqrt(shape[1]), shape)
+        if name == "embed.weight":
+            w = w + 6.0 * common
+        elif name.endswith("indexer.weights_proj.weight"):
+            w = w + 0.5 * common
         out[name] = w.astype(np.float32)
     return out
 
