@@ -191,6 +191,18 @@ def test_transformers_mapping_and_rope():
     assert out.shape == (1, 70, cfg.vocab_size) and torch.isfinite(out).all()
 
 
+def test_placeholder_tokenizer():
+    from tokenizers import Tokenizer
+    for V in (300, 448, 1024):
+        with tempfile.TemporaryDirectory() as d:
+            vc.write_tokenizer(d, V)
+            tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+            assert tok.get_vocab_size() == V
+            assert tok.token_to_id(vc.V4_BOS) == 0 and tok.token_to_id(vc.V4_EOS) == 1
+            ids = tok.encode("the test 123 ✓").ids
+            assert max(ids) < V and tok.decode(ids) == "the test 123 ✓"
+
+
 if __name__ == "__main__":
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     for t in tests:
