@@ -16,6 +16,8 @@ enum class WeightFormat {
   kF16,
   kFP8Block,  // weight F8_E4M3 [out, in]; scale F8_E8M0 [ceil(out/B), ceil(in/B)], B = block
   kMXFP4,     // weight I8 [out, in/2] (low nibble = even column); scale F8_E8M0 [out, in/32]
+  kGgml,      // a ggml block format (GGUF): weight U8 [out, row_bytes], row r = ggml blocks of
+              // `in` elements; Linear::ggml_type says which (quant::GgmlType id)
 };
 
 struct Linear {
@@ -25,6 +27,7 @@ struct Linear {
   int64_t out = 0;   // rows
   int64_t in = 0;    // logical columns
   int block = 128;   // kFP8Block tile edge
+  int ggml_type = -1;  // kGgml: the quant::GgmlType id of every row
   bool valid() const { return weight.valid(); }
 };
 
@@ -114,6 +117,10 @@ struct DsparkWeights {
 
 struct ModelWeights {
   TensorView embed;               // bf16 [vocab, D]
+  // GGUF files may store the embedding table in a ggml block format; then
+  // embed is empty and this kGgml Linear [vocab, D] holds it (rows are looked
+  // up one at a time, never dequantised whole).
+  Linear embed_rows;
   Linear head;                    // [vocab, D]
   TensorView norm;                // [D]
   HcWeights hc_head;
