@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/unicode_classes.h"
 #include "tokenizer/utf8.h"
 
 namespace aff {
@@ -35,10 +36,12 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::create(TokenizerSpec spec,
                                                            const std::string& source) {
   std::vector<Pcre2Pattern> splits;
   for (size_t i = 0; i < spec.splits.size(); ++i) {
+    const SplitSpec& split = spec.splits[i];
+    // Regexes get HF's (newer) Unicode tables for \p{L} and friends.
+    const std::string pattern = split.literal ? split.pattern : widen_unicode_classes(split.pattern);
     AFF_ASSIGN_OR_RETURN(Pcre2Pattern p,
-                         Pcre2Pattern::compile(spec.splits[i].pattern, spec.splits[i].literal,
-                                               false, source + ": pre_tokenizer Split #" +
-                                                          std::to_string(i)));
+                         Pcre2Pattern::compile(pattern, split.literal, false,
+                                               source + ": pre_tokenizer Split #" + std::to_string(i)));
     splits.push_back(std::move(p));
   }
 
