@@ -1,0 +1,104 @@
+#include "backend/cpu/gemv.h"
+
+#include <algorithm>
+
+#include <omp.h>
+
+#include "backend/cpu/isa/gemv_isa.h"
+#include "core/check.h"
+
+namespace aff::cpu {
+namespace {
+
+using quant::GgmlType;
+
+// Fastest ISA first within each weight type.
+const std::vector<GemvKernel>& kernel_table() {
+  static const std::vector<GemvKernel> table = {
+      {"gemv_q8_0_q8_0_avx512", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_q8_0_q8_0_avx512},
+      {"gemv_q8_0_q8_0_avx2", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx2, isa::gemv_q8_0_q8_0_avx2},
+      {"gemv_q8_0_q8_0_scalar", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kScalar, isa::gemv_q8_0_q8_0_scalar},
+      {"gemv_q4k_q8k_avx512", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q4k_q8k_avx512},
+      {"gemv_q4k_q8k_avx2", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_q4k_q8k_avx2},
+      {"gemv_q4k_q8k_scalar", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q4k_q8k_scalar},
+      {"gemv_q2k_q8k_avx512", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q2k_q8k_avx512},
+      {"gemv_q2k_q8k_avx2", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_q2k_q8k_avx2},
+      {"gemv_q2k_q8k_scalar", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q2k_q8k_scalar},
+      {"gemv_iq2xxs_q8k_avx512", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_iq2xxs_q8k_avx512},
+      {"gemv_iq2xxs_q8k_avx2", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_iq2xxs_q8k_avx2},
+      {"gemv_iq2xxs_q8k_scalar", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kScalar, isa::gemv_iq2xxs_q8k_scalar},
+      {"gemv_mxfp4_q8_0_avx512", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_mxfp4_q8_0_avx512},
+      {"gemv_mxfp4_q8_0_avx2", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx2, isa::gemv_mxfp4_q8_0_avx2},
+      {"gemv_mxfp4_q8_0_scalar", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kScalar, isa::gemv_mxfp4_q8_0_scalar},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa, const CpuFeatures& f) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return f.avx2;
+    case Isa::kAvx512: return f.avx512_vnni;
+  }
+  return false;
+}
+
+bool gemv_has_kernels(GgmlType t) {
+  for (const auto& k : kernel_table()) {
+    if (k.weight == t) return true;
+  }
+  return false;
+}
+
+ActFormat gemv_act_format(GgmlType t) {
+  for (const auto& k : kernel_table()) {
+    if (k.weight == t) return k.act;
+  }
+  AFF_CHECK(!"gemv_act_format: no kernels for this weight type");
+  return ActFormat::kQ8_0;
+}
+
+std::vector<GemvKernel> gemv_kernels(GgmlType t) {
+  std::vector<GemvKernel> out;
+  for (const auto& k : kernel_table()) {
+    if (k.weight == t) out.push_back(k);
+  }
+  return out;
+}
+
+const GemvKernel* select_gemv_kernel(GgmlType t, const CpuFeatures& f) {
+  for (const auto& k : kernel_table()) {
+    if (k.weight == t && isa_supported(k.isa, f)) return &k;
+  }
+  return nullptr;
+}
+
+void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols,
+                   const void* act, float* y, int n_threads) {
+  n_threads = std::max(1, n_threads);
+  if (n_threads == 1 || rows < 2 * n_threads) {
+    k.fn(w, row_bytes, rows, cols, act, y);
+    return;
+  }
+#pragma omp parallel num_threads(n_threads)
+  {
+    const int nt = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    const int64_t r0 = rows * t / nt;
+    const int64_t r1 = rows * (t + 1) / nt;
+    if (r1 > r0) k.fn(w + r0 * row_bytes, row_bytes, r1 - r0, cols, act, y + r0);
+  }
+}
+
+}  // namespace aff::cpu

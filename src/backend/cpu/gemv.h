@@ -1,0 +1,58 @@
+// Quantised GEMV for the CPU lane: y[r] = dot(W row r, x) with W stored in a ggml block
+// format (one GGUF row per output) and x pre-quantised once per call (act_quant.h). This
+// is what computes non-resident experts on the host, so it is written to stream weight
+// bytes at memory bandwidth.
+//
+// Kernels are named <op>_<weightfmt>_<actfmt>_<isa> (gemv_q4k_q8k_avx512). Selection is a
+// pure function of (weight type, CPU features); callers then just call the pointer.
+//   scalar:  any CPU; dequantises each row and dots in f32 (the portable fallback)
+//   avx2:    AVX2 + FMA + F16C
+//   avx512:  AVX-512 F/BW/VL + VNNI (vpdpbusd); without VNNI the avx2 kernels run
+// AMX is not used: for one activation vector (decode) a tile multiply buys nothing over
+// VNNI while the weights stream from DRAM.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "backend/cpu/act_quant.h"
+#include "backend/cpu/cpu_features.h"
+#include "quant/type_traits.h"
+
+namespace aff::cpu {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+std::string_view isa_name(Isa isa);
+bool isa_supported(Isa isa, const CpuFeatures& f);
+
+// w: rows × row_bytes bytes, row r at w + r*row_bytes, each row `cols` elements of the
+//    kernel's weight type (cols a multiple of 256 for K/IQ types, 32 otherwise).
+// act: the activation quantised with the kernel's ActFormat, `cols` elements.
+// y: [rows] f32, overwritten.
+using GemvFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
+                        float* y);
+
+struct GemvKernel {
+  std::string_view name;   // "gemv_q4k_q8k_avx512"
+  quant::GgmlType weight;
+  ActFormat act;
+  Isa isa;
+  GemvFn fn;
+};
+
+// Weight types the CPU lane has kernels for: Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4.
+bool gemv_has_kernels(quant::GgmlType t);
+// The activation format kernels for weight type t take (requires gemv_has_kernels(t)).
+ActFormat gemv_act_format(quant::GgmlType t);
+// Every compiled kernel for t, fastest ISA first (tests filter by isa_supported).
+std::vector<GemvKernel> gemv_kernels(quant::GgmlType t);
+// The best kernel for t on a CPU with features f; nullptr if t has no kernels.
+const GemvKernel* select_gemv_kernel(quant::GgmlType t, const CpuFeatures& f);
+
+// Runs k over all rows with up to n_threads OpenMP threads (rows split in contiguous
+// ranges, so each thread streams its own part of W).
+void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols,
+                   const void* act, float* y, int n_threads);
+
+}  // namespace aff::cpu

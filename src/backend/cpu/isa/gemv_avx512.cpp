@@ -1,0 +1,247 @@
+// AVX-512 + VNNI kernels: two 32-element groups per ZMM register and vpdpbusd
+// (u8 x s8, four products summed into each i32 lane). Signed weights go through the
+// sign trick with a mask: |w| as unsigned, x negated where w < 0.
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/act_quant.h"
+#include "backend/cpu/isa/gemv_isa.h"
+#include "backend/cpu/isa/kernel_common.h"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12 flags the deliberately undefined upper halves inside its own intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+namespace aff::cpu::isa {
+namespace {
+
+using quant::BlockIq2Xxs;
+using quant::BlockMxfp4;
+using quant::BlockQ2K;
+using quant::BlockQ4K;
+using quant::BlockQ8_0;
+
+inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m512i load2x256(const void* lo, const void* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(lo))),
+                            _mm256_loadu_si256(static_cast<const __m256i*>(hi)), 1);
+}
+
+// 16 x i32: sums of 4 products of signed bytes (w may be -128; x in [-127, 127]).
+inline __m512i dot_i8(__m512i w, __m512i x) {
+  const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
+}
+
+// Lanes 0-7 = lo, lanes 8-15 = hi.
+inline __m512 split_ps(float lo, float hi) {
+  return _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+}
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+float dot_q8_0(const BlockQ8_0* w, const ActQ8_0* a, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    const __m512i wq = load2x256(w[b].qs, w[b + 1].qs);
+    const __m512i xq = load2x256(a[b].qs, a[b + 1].qs);
+    const __m512 p = _mm512_cvtepi32_ps(dot_i8(wq, xq));
+    acc = _mm512_fmadd_ps(split_ps(f16(w[b].d) * a[b].d, f16(w[b + 1].d) * a[b + 1].d), p, acc);
+  }
+  float tail = 0.0f;
+  if (b < nb) {  // odd block count: one 256-bit step
+    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const __m256i xs = _mm256_mask_sub_epi8(xq, _mm256_movepi8_mask(wq), _mm256_setzero_si256(), xq);
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), xs);
+    tail = f16(w[b].d) * a[b].d * hsum256(_mm256_cvtepi32_ps(p));
+  }
+  return _mm512_reduce_add_ps(acc) + tail;
+}
+
+float dot_q4k(const BlockQ4K* w, const ActQ8K* a, int64_t nb) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  // Low 256 bits keep the low nibbles, high 256 bits get the high nibbles.
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512 acc = _mm512_setzero_ps();
+  float acc_min = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float d = f16(w[b].d) * a[b].d;
+    const float dmin = f16(w[b].dmin) * a[b].d;
+    int sc[8], m[8];
+    for (int j = 0; j < 8; ++j) q4k_scale_min(w[b].scales, j, &sc[j], &m[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; ++j) summ += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+    acc_min += dmin * float(summ);
+    for (int k = 0; k < 4; ++k) {
+      // Sub-blocks 2k (low nibbles) and 2k+1 (high nibbles) of the same 32 bytes; their
+      // 64 activations are contiguous.
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k));
+      const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+      const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4);
+      const __m512i x = _mm512_loadu_si512(a[b].qs + 64 * k);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4, x);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), split_ps(d * float(sc[2 * k]), d * float(sc[2 * k + 1])), acc);
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - acc_min;
+}
+
+float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i shift23 =
+      _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+  // Lane l of 64-element chunk c belongs to sub-block 4c + l/4.
+  __m512i lane_sub[4];
+  for (int c = 0; c < 4; ++c) {
+    alignas(64) int32_t idx[16];
+    for (int l = 0; l < 16; ++l) idx[l] = 4 * c + l / 4;
+    lane_sub[c] = _mm512_load_si512(idx);
+  }
+  __m512 acc = _mm512_setzero_ps();
+  float acc_min = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float d = f16(w[b].d) * a[b].d;
+    const float dmin = f16(w[b].dmin) * a[b].d;
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales));
+    const __m512i s32 = _mm512_cvtepu8_epi32(s8);
+    const __m512 scf = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_and_si512(s32, _mm512_set1_epi32(15))));
+    const __m512i mins = _mm512_srli_epi32(s32, 4);
+    const __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums)));
+    acc_min += dmin * float(_mm512_reduce_add_epi32(_mm512_mullo_epi32(mins, bs)));
+    for (int n = 0; n < 2; ++n) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n));
+      const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+      for (int jj = 0; jj < 2; ++jj) {
+        // Shifts 2*(2jj) and 2*(2jj+1): elements 128n + 64jj .. +64, contiguous in x.
+        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(qq, jj ? shift23 : shift01), m3);
+        const __m512i x = _mm512_loadu_si512(a[b].qs + 128 * n + 64 * jj);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q2, x);
+        const __m512 sv = _mm512_permutexvar_ps(lane_sub[2 * n + jj], scf);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc);
+      }
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - acc_min;
+}
+
+float dot_iq2xxs(const BlockIq2Xxs* w, const ActQ8K* a, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  const auto& grid = quant::kIq2xxsGrid;
+  const auto& signs = quant::kSignsIq2xs;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float d = f16(w[b].d) * a[b].d * 0.125f;
+    __m512i sumi = _mm512_setzero_si512();
+    for (int ib = 0; ib < 8; ib += 2) {
+      const uint32_t g0 = load_u32(w[b].qs + 4 * ib), s0 = load_u32(w[b].qs + 4 * ib + 2);
+      const uint32_t g1 = load_u32(w[b].qs + 4 * ib + 4), s1 = load_u32(w[b].qs + 4 * ib + 6);
+      const __m512i gv = _mm512_set_epi64(
+          int64_t(grid[g1 >> 24]), int64_t(grid[(g1 >> 16) & 255]), int64_t(grid[(g1 >> 8) & 255]),
+          int64_t(grid[g1 & 255]), int64_t(grid[g0 >> 24]), int64_t(grid[(g0 >> 16) & 255]),
+          int64_t(grid[(g0 >> 8) & 255]), int64_t(grid[g0 & 255]));
+      uint64_t neg = 0;  // bit e set: element e of these 64 is negative
+      for (int l = 0; l < 4; ++l) {
+        neg |= uint64_t(signs[(s0 >> (7 * l)) & 127]) << (8 * l);
+        neg |= uint64_t(signs[(s1 >> (7 * l)) & 127]) << (32 + 8 * l);
+      }
+      const __m512i x = _mm512_loadu_si512(a[b].qs + 32 * ib);
+      const __m512i xs = _mm512_mask_sub_epi8(x, __mmask64(neg), _mm512_setzero_si512(), x);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs);
+      const __m512i scale = _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(int(2 * (s0 >> 28) + 1)),
+                                                    _mm512_set1_epi32(int(2 * (s1 >> 28) + 1)));
+      sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, scale));
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+float dot_mxfp4(const BlockMxfp4* w, const ActQ8_0* a, int64_t nb) {
+  const __m512i values =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4)));
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  // 128-bit lanes: [block b low nibbles, block b high nibbles, block b+1 low, b+1 high].
+  const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0,
+                                         4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b + 1].qs));
+    const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
+                                          _mm256_set_m128i(q1, q1), 1);
+    const __m512i wv = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+    const __m512i x = load2x256(a[b].qs, a[b + 1].qs);
+    const __m512 p = _mm512_cvtepi32_ps(dot_i8(wv, x));
+    acc = _mm512_fmadd_ps(split_ps(kMxfp4Scales.v[w[b].e] * a[b].d, kMxfp4Scales.v[w[b + 1].e] * a[b + 1].d), p,
+                          acc);
+  }
+  float tail = 0.0f;
+  if (b < nb) {
+    const __m128i v128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
+    const __m128i lo = _mm_shuffle_epi8(v128, _mm_and_si128(q, _mm_set1_epi8(0x0f)));
+    const __m128i hi = _mm_shuffle_epi8(v128, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)));
+    const __m256i wv = _mm256_set_m128i(hi, lo);
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+    const __m256i xs = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(wv), _mm256_setzero_si256(), x);
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), xs);
+    tail = kMxfp4Scales.v[w[b].e] * a[b].d * hsum256(_mm256_cvtepi32_ps(p));
+  }
+  return _mm512_reduce_add_ps(acc) + tail;
+}
+
+template <typename Block, typename Act, float (*Dot)(const Block*, const Act*, int64_t), int64_t kElems>
+void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, float* y) {
+  const auto* a = static_cast<const Act*>(act);
+  for (int64_t r = 0; r < rows; ++r) {
+    y[r] = Dot(reinterpret_cast<const Block*>(w + r * row_bytes), a, cols / kElems);
+  }
+}
+
+}  // namespace
+
+void gemv_q8_0_q8_0_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockQ8_0, ActQ8_0, dot_q8_0, 32>(w, rb, rows, cols, a, y);
+}
+void gemv_q4k_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockQ4K, ActQ8K, dot_q4k, 256>(w, rb, rows, cols, a, y);
+}
+void gemv_q2k_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockQ2K, ActQ8K, dot_q2k, 256>(w, rb, rows, cols, a, y);
+}
+void gemv_iq2xxs_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockIq2Xxs, ActQ8K, dot_iq2xxs, 256>(w, rb, rows, cols, a, y);
+}
+void gemv_mxfp4_q8_0_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockMxfp4, ActQ8_0, dot_mxfp4, 32>(w, rb, rows, cols, a, y);
+}
+
+}  // namespace aff::cpu::isa
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#else
+namespace aff::cpu::isa {
+#define AFF_UNREACHABLE_GEMV(name) \
+  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
+AFF_UNREACHABLE_GEMV(gemv_q8_0_q8_0_avx512)
+AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx512)
+AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx512)
+AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx512)
+AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx512)
+}  // namespace aff::cpu::isa
+#endif

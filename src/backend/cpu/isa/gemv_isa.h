@@ -1,0 +1,33 @@
+// The per-ISA GEMV kernels behind backend/cpu/gemv.h. Each ISA lives in its own
+// translation unit compiled for that ISA (GCC target pragmas), and is only ever called
+// after select_gemv_kernel checked the CPU; the signature is GemvFn's.
+#pragma once
+
+#include <cstdint>
+
+namespace aff::cpu::isa {
+
+#define AFF_GEMV_DECL(name) \
+  void name(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, float* y)
+
+AFF_GEMV_DECL(gemv_q8_0_q8_0_scalar);
+AFF_GEMV_DECL(gemv_q4k_q8k_scalar);
+AFF_GEMV_DECL(gemv_q2k_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq2xxs_q8k_scalar);
+AFF_GEMV_DECL(gemv_mxfp4_q8_0_scalar);
+
+AFF_GEMV_DECL(gemv_q8_0_q8_0_avx2);
+AFF_GEMV_DECL(gemv_q4k_q8k_avx2);
+AFF_GEMV_DECL(gemv_q2k_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx2);
+AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx2);
+
+AFF_GEMV_DECL(gemv_q8_0_q8_0_avx512);
+AFF_GEMV_DECL(gemv_q4k_q8k_avx512);
+AFF_GEMV_DECL(gemv_q2k_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx512);
+AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx512);
+
+#undef AFF_GEMV_DECL
+
+}  // namespace aff::cpu::isa

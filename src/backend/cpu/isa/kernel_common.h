@@ -1,0 +1,63 @@
+// Scalar helpers shared by the ISA kernels: block scale decodes and the sign table.
+// Header-only and `static` on purpose: each ISA translation unit gets its own copy
+// compiled for its own target, so no AVX-512 code can leak into another TU by way of
+// an inline function the linker de-duplicates.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "quant/blocks.h"
+#include "quant/ggml_grids.h"
+
+namespace aff::cpu::isa {
+namespace {
+
+// Q4_K's 6-bit scale and min of sub-block j (ggml get_scale_min_k4).
+[[maybe_unused]] inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ggml's MXFP4 "half" E8M0 decode, 2^(e-128), as a table.
+struct Mxfp4Scales {
+  float v[256];
+  Mxfp4Scales() {
+    for (int e = 0; e < 256; ++e) {
+      const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
+      v[e] = f32_from_bits(bits);
+    }
+  }
+};
+[[maybe_unused]] const Mxfp4Scales kMxfp4Scales;
+
+// IQ2 sign index (7 bits, even parity implied) -> 8 bytes of +1/-1.
+struct Iq2SignBytes {
+  uint64_t v[128];
+  Iq2SignBytes() {
+    for (int i = 0; i < 128; ++i) {
+      uint64_t x = 0;
+      for (int j = 0; j < 8; ++j) {
+        const uint64_t b = (quant::kSignsIq2xs[i] >> j) & 1 ? 0xffu : 0x01u;
+        x |= b << (8 * j);
+      }
+      v[i] = x;
+    }
+  }
+};
+[[maybe_unused]] const Iq2SignBytes kIq2SignBytes;
+
+[[maybe_unused]] inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+}  // namespace aff::cpu::isa

@@ -1,0 +1,197 @@
+// Every CPU-lane GEMV kernel against the scalar reference: dequantise each weight row
+// with the ggml-compatible codec, dequantise the quantised activation, dot in f64.
+// Weights are random bytes with sane scale fields, so every code point and scale bit
+// pattern (including Q8_0's -128) is exercised; sizes are odd block counts and odd rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/act_quant.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/gemv.h"
+#include "core/dtype.h"
+#include "quant/blocks.h"
+#include "quant/codec.h"
+
+namespace aff::cpu {
+namespace {
+
+using quant::GgmlType;
+
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ2_K, GgmlType::kIQ2_XXS,
+                               GgmlType::kMXFP4};
+
+// Relative to sum |w_i x_i|: integer block sums are exact in both, the rest is f32
+// rounding of a few hundred terms (an indexing bug errs by ~1/sqrt(n) of it).
+constexpr double kRelTol = 1e-4;
+
+uint16_t random_f16(std::mt19937_64& rng, float lo, float hi) {
+  return f32_to_f16(std::uniform_real_distribution<float>(lo, hi)(rng));
+}
+
+// Random rows of `type` with every scale field set to a sane positive value.
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  const int64_t row_bytes = *quant::ggml_row_bytes(type, cols);
+  std::vector<uint8_t> w(size_t(rows * row_bytes));
+  for (auto& b : w) b = uint8_t(rng());
+  const int64_t nb = rows * cols / quant::ggml_traits(type).block_elems;
+  for (int64_t i = 0; i < nb; ++i) {
+    switch (type) {
+      case GgmlType::kQ8_0: reinterpret_cast<quant::BlockQ8_0*>(w.data())[i].d = random_f16(rng, 1e-3f, 2e-2f); break;
+      case GgmlType::kQ4_K: {
+        auto& b = reinterpret_cast<quant::BlockQ4K*>(w.data())[i];
+        b.d = random_f16(rng, 1e-4f, 2e-3f);
+        b.dmin = random_f16(rng, 1e-4f, 2e-3f);
+        break;
+      }
+      case GgmlType::kQ2_K: {
+        auto& b = reinterpret_cast<quant::BlockQ2K*>(w.data())[i];
+        b.d = random_f16(rng, 1e-3f, 1e-2f);
+        b.dmin = random_f16(rng, 1e-3f, 1e-2f);
+        break;
+      }
+      case GgmlType::kIQ2_XXS: reinterpret_cast<quant::BlockIq2Xxs*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
+      case GgmlType::kMXFP4:
+        reinterpret_cast<quant::BlockMxfp4*>(w.data())[i].e = uint8_t(115 + rng() % 20);
+        break;
+      default: ADD_FAILURE() << "no generator";
+    }
+  }
+  return w;
+}
+
+std::vector<float> random_floats(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+struct Reference {
+  std::vector<double> y;
+  std::vector<double> mag;  // sum |w_i x_i| per row
+};
+
+Reference reference_gemv(GgmlType type, const std::vector<uint8_t>& w, int64_t rows, int64_t cols, ActFormat af,
+                         const std::vector<uint8_t>& act) {
+  const int64_t row_bytes = *quant::ggml_row_bytes(type, cols);
+  std::vector<float> x(static_cast<size_t>(cols)), row(static_cast<size_t>(cols));
+  dequantize_act(af, act.data(), x);
+  Reference ref;
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(quant::dequantize_row(type, {w.data() + r * row_bytes, size_t(row_bytes)}, row).is_ok());
+    double s = 0.0, m = 0.0;
+    for (int64_t i = 0; i < cols; ++i) {
+      s += double(row[size_t(i)]) * x[size_t(i)];
+      m += std::fabs(double(row[size_t(i)]) * x[size_t(i)]);
+    }
+    ref.y.push_back(s);
+    ref.mag.push_back(m);
+  }
+  return ref;
+}
+
+class GemvKernelTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(GemvKernelTest, EveryIsaMatchesDequantisedReference) {
+  const GgmlType type = GetParam();
+  ASSERT_TRUE(gemv_has_kernels(type));
+  const ActFormat af = gemv_act_format(type);
+  const int64_t be = quant::ggml_traits(type).block_elems;
+  std::mt19937_64 rng(std::random_device{}());
+  const auto kernels = gemv_kernels(type);
+  ASSERT_GE(kernels.size(), 3u);
+  int ran = 0;
+  for (const auto& k : kernels) {
+    if (!isa_supported(k.isa, cpu_features())) {
+      std::printf("[  SKIP    ] %s: this CPU lacks %s\n", std::string(k.name).c_str(),
+                  std::string(isa_name(k.isa)).c_str());
+      continue;
+    }
+    ++ran;
+    for (int64_t blocks : {int64_t(1), int64_t(3), be == 32 ? int64_t(97) : int64_t(17)}) {
+      for (int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
+        const int64_t cols = blocks * be;
+        const auto w = random_weights(type, rows, cols, rng);
+        const auto x = random_floats(cols, rng);
+        std::vector<uint8_t> act(size_t(act_bytes(af, cols)));
+        quantize_act(af, x, act.data());
+        const Reference ref = reference_gemv(type, w, rows, cols, af, act);
+        std::vector<float> y(size_t(rows), std::numeric_limits<float>::quiet_NaN());
+        k.fn(w.data(), *quant::ggml_row_bytes(type, cols), rows, cols, act.data(), y.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_GT(ref.mag[size_t(r)], 0.0);
+          ASSERT_NEAR(y[size_t(r)], ref.y[size_t(r)], kRelTol * ref.mag[size_t(r)])
+              << k.name << " cols=" << cols << " rows=" << rows << " row=" << r;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 1);
+}
+
+TEST_P(GemvKernelTest, ParallelSplitIsBitIdenticalToOneThread) {
+  const GgmlType type = GetParam();
+  const GemvKernel* k = select_gemv_kernel(type, cpu_features());
+  ASSERT_NE(k, nullptr);
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t rows = 101, cols = 3 * 256;
+  const auto w = random_weights(type, rows, cols, rng);
+  const auto x = random_floats(cols, rng);
+  std::vector<uint8_t> act(size_t(act_bytes(k->act, cols)));
+  quantize_act(k->act, x, act.data());
+  const int64_t rb = *quant::ggml_row_bytes(type, cols);
+  std::vector<float> y1(size_t(rows), NAN), y3(size_t(rows), NAN);
+  gemv_parallel(*k, w.data(), rb, rows, cols, act.data(), y1.data(), 1);
+  gemv_parallel(*k, w.data(), rb, rows, cols, act.data(), y3.data(), 3);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GemvKernelTest, ::testing::ValuesIn(kTypes),
+                         [](const auto& info) { return std::string(quant::ggml_type_name(info.param)); });
+
+TEST(GemvSelect, PicksTheBestIsaTheCpuHasAndFallsBack) {
+  const CpuFeatures& f = cpu_features();
+  for (GgmlType t : kTypes) {
+    const GemvKernel* k = select_gemv_kernel(t, f);
+    ASSERT_NE(k, nullptr);
+    const Isa want = f.avx512_vnni ? Isa::kAvx512 : (f.avx2 ? Isa::kAvx2 : Isa::kScalar);
+    EXPECT_EQ(k->isa, want) << k->name;
+    const GemvKernel* s = select_gemv_kernel(t, cpu_features_without(f, "avx2"));
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->isa, Isa::kScalar);
+    if (f.avx2) {
+      EXPECT_EQ(select_gemv_kernel(t, cpu_features_without(f, "avx512"))->isa, Isa::kAvx2);
+    }
+  }
+  EXPECT_EQ(select_gemv_kernel(GgmlType::kQ3_K, f), nullptr);
+  EXPECT_FALSE(gemv_has_kernels(GgmlType::kF16));
+}
+
+TEST(ActQuant, BlockSumsAndRangeHold) {
+  std::mt19937_64 rng(std::random_device{}());
+  const auto x = random_floats(3 * 256, rng);
+  std::vector<ActQ8K> a(3);
+  quantize_act(ActFormat::kQ8K, x, a.data());
+  std::vector<float> back(x.size());
+  dequantize_act(ActFormat::kQ8K, a.data(), back);
+  for (const auto& b : a) {
+    for (int i = 0; i < 16; ++i) {
+      int s = 0;
+      for (int j = 0; j < 16; ++j) {
+        s += b.qs[16 * i + j];
+        EXPECT_GE(b.qs[16 * i + j], -127);
+      }
+      EXPECT_EQ(s, b.bsums[i]);
+    }
+  }
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], a[i / 256].d * 0.5f + 1e-7f);
+}
+
+}  // namespace
+}  // namespace aff::cpu
