@@ -88,7 +88,9 @@ def compare(engine: np.ndarray, ref: np.ndarray) -> dict:
 
 
 def run_engine(affinity: str, ckpt: str, tokens: list, extra: list, out_npy: str, timeout: int) -> tuple:
-    cmd = [affinity, "-m", ckpt, "--tokens", ",".join(map(str, tokens)), "--logits-out", out_npy] + extra
+    # -c: size the session for this sequence (the default context reserves far more memory)
+    cmd = [affinity, "-m", ckpt, "-c", str(len(tokens)), "--tokens", ",".join(map(str, tokens)),
+           "--logits-out", out_npy] + extra
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     dt = time.time() - t0
@@ -140,7 +142,8 @@ def main() -> int:
             label = f"random {ident}: {describe(cfg, T)}"
             wseed0 = int(rng.integers(10_000_000, 20_000_000))  # disjoint from the fixtures' seeds
             try:
-                wseed, stored, tokens, ref, stats = mg.find_case(cfg, wseed0, T, max_tries=30, log=lambda s: None,
+                rejected = []
+                wseed, stored, tokens, ref, stats = mg.find_case(cfg, wseed0, T, max_tries=60, log=rejected.append,
                                                                  device=args.torch_device)
             except RuntimeError as e:
                 print(f"  {label}: skipped ({e})")
