@@ -6,6 +6,7 @@
 #include "backend/ref/vec.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "quant/codec.h"
 
 namespace aff::ref {
 namespace {
@@ -57,6 +58,15 @@ void linear_dequant_row(const dsv4::Linear& w, int64_t row, float* out) {
         const int64_t c1 = std::min(in, c0 + B);
         for (int64_t i = c0; i < c1; ++i) out[i] = e4m3_to_f32(p[i]) * s;
       }
+      return;
+    }
+    case dsv4::WeightFormat::kGgml: {
+      // weight: [out, row_bytes] ggml blocks (GGUF); decoded exactly as ggml does.
+      const int64_t row_bytes = w.weight.shape.at(1);
+      const Status st = quant::dequantize_row(quant::GgmlType(w.ggml_type),
+                                              {w.weight.data + row * row_bytes, size_t(row_bytes)},
+                                              {out, size_t(in)});
+      AFF_CHECK(st.is_ok());  // the loader validated type and row size
       return;
     }
     case dsv4::WeightFormat::kMXFP4: {

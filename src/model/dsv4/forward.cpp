@@ -18,14 +18,18 @@ namespace aff::dsv4 {
 namespace {
 
 // Embedding rows for the tokens, each copied into all hc streams: h: [T, hc, D].
-void embed_tokens(const ModelConfig& cfg, const TensorView& embed, std::span<const int32_t> tokens,
+void embed_tokens(const ModelConfig& cfg, const ModelWeights& wts, std::span<const int32_t> tokens,
                   float* h) {
   const int64_t D = cfg.hidden_size;
   const int hc = cfg.hc_mult;
   for (size_t t = 0; t < tokens.size(); ++t) {
     float* row = h + int64_t(t) * hc * D;
     const int64_t base = int64_t(tokens[t]) * D;
-    for (int64_t d = 0; d < D; ++d) row[d] = ref::tensor_f32_at(embed, base + d);
+    if (wts.embed_rows.valid()) {  // a GGUF table in a ggml block format
+      ref::linear_dequant_row(wts.embed_rows, tokens[t], row);
+    } else {
+      for (int64_t d = 0; d < D; ++d) row[d] = ref::tensor_f32_at(wts.embed, base + d);
+    }
     for (int j = 1; j < hc; ++j) std::copy_n(row, D, row + j * D);
   }
 }
@@ -61,7 +65,7 @@ Status forward(const LoadedModel& model, State& state, std::span<const int32_t> 
     return internal_error("forward: model has fewer bound layers than configured");
 
   std::vector<float> h(size_t(T * hc * D)), x(size_t(T * D)), y(size_t(T * D));
-  embed_tokens(cfg, wts.embed, tokens, h.data());
+  embed_tokens(cfg, wts, tokens, h.data());
   HcMix mix;
   for (int l = 0; l < n_layers; ++l) {
     const LayerWeights& lw = wts.layers[size_t(l)];
