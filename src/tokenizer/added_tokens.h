@@ -62,6 +62,8 @@ class AddedTokenMatcher {
   std::vector<bool> first_byte_;  // [256]: some content starts with this byte
   std::vector<AddedToken> tokens_;  // this pass's tokens, trie order
   // Rust regex's \w and \s (HF uses them for single_word / lstrip / rstrip).
+  // PCRE2's Unicode 14 tables: a letter newer than that next to a single_word
+  // token counts as a word character for HF but not here (V4 has no such token).
   std::vector<Pcre2Pattern> classes_;  // [0] = word char, [1] = white space
 };
 

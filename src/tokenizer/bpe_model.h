@@ -66,7 +66,7 @@ class BpeModel {
 
   // Piece -> ids. Prompts repeat words a lot; bounded so a hostile prompt of
   // unique pieces cannot grow memory without limit.
-  static constexpr size_t kCacheMaxEntries = 1 << 18;
+  static constexpr size_t kCacheMaxEntries = 1 << 16;
   static constexpr size_t kCacheMaxPieceBytes = 64;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

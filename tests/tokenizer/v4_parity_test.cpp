@@ -1,6 +1,7 @@
 // The real DeepSeek-V4 tokenizer against HF tokenizers' ids and decodes
 // (tests/data/tokenizer/v4_expected.json, made by tools/tokenizer/make_expected.py).
 #include <chrono>
+#include <thread>
 
 #include "tokenizer/utf8.h"
 #include "tokenizer_fixtures.h"
@@ -112,12 +113,30 @@ TEST(V4Tokenizer, InvalidUtf8IsEncodedAsReplacementChars) {
 TEST(V4Tokenizer, LongWhitespaceAndDigitRuns) {
   const Tokenizer& tok = v4_tokenizer();
   // One huge piece for the `\s+(?!\S)` alternative and for BPE.
-  for (const std::string unit : {" ", "\t", "\n", "\xC2\xA0", "7"}) {
+  for (const std::string unit : {" ", "\t", "\n", "\xC2\xA0", "7", "a", "\xE4\xBD\xA0", "!"}) {
     std::string text;
     for (int i = 0; i < 200000; ++i) text += unit;
     text += "x";
     EXPECT_EQ(tok.decode(tok.encode(text)), text) << "run of " << show(unit);
   }
+}
+
+TEST(V4Tokenizer, ConcurrentEncodesAgreeWithHf) {
+  // The piece cache is shared between threads; results must not depend on it.
+  const Tokenizer& tok = v4_tokenizer();
+  const auto& cases = expected("v4_expected.json").at("cases");
+  std::vector<int> failures(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const auto& c = cases[(k * 7 + size_t(t) * 13) % cases.size()];
+        failures[size_t(t)] += tok.encode(c.at("text").get<std::string>()) != ids_of(c.at("ids"));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures, std::vector<int>(4, 0));
 }
 
 TEST(V4Tokenizer, HundredThousandTokenPromptIsFast) {
