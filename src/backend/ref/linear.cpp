@@ -24,6 +24,22 @@ float scale_at(const TensorView& s, int64_t i) {
   return 0.0f;
 }
 
+// s[k] = w . x_k for the four vectors x_k = x + k*ldx; w, x_k: [n]. Loads
+// each weight once for four tokens.
+inline void dot4(const float* w, const float* x, int64_t ldx, int64_t n, float* s) {
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; ++i) {
+    const float wi = w[i];
+    s0 += wi * x0[i];
+    s1 += wi * x1[i];
+    s2 += wi * x2[i];
+    s3 += wi * x3[i];
+  }
+  s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
 // Rows dequantised per tile: one tile of weights is reused across all T tokens.
 constexpr int64_t kRowTile = 8;
 
@@ -95,7 +111,7 @@ void linear_rows(const dsv4::Linear& w, int64_t row_begin, int64_t row_end, cons
   const int64_t n_rows = row_end - row_begin;
   const int64_t n_tiles = (n_rows + kRowTile - 1) / kRowTile;
   if (n_rows == 0 || T == 0) return;
-#pragma omp parallel if (n_rows * in * std::max<int64_t>(T, 4) > 32768)
+#pragma omp parallel if (n_rows * in * T >= kParallelMinWork)
   {
     std::vector<float> tile(size_t(kRowTile * in));
 #pragma omp for schedule(static)
@@ -103,7 +119,15 @@ void linear_rows(const dsv4::Linear& w, int64_t row_begin, int64_t row_end, cons
       const int64_t r0 = row_begin + tile_i * kRowTile;
       const int64_t r1 = std::min(row_end, r0 + kRowTile);
       for (int64_t r = r0; r < r1; ++r) linear_dequant_row(w, r, tile.data() + (r - r0) * in);
-      for (int64_t t = 0; t < T; ++t) {
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4) {  // four tokens per pass over a weight row
+        for (int64_t r = r0; r < r1; ++r) {
+          float s[4];
+          dot4(tile.data() + (r - r0) * in, x + t * ldx, ldx, in, s);
+          for (int k = 0; k < 4; ++k) y[(t + k) * ldy + r - row_begin] = s[k];
+        }
+      }
+      for (; t < T; ++t) {
         const float* xt = x + t * ldx;
         float* yt = y + t * ldy - row_begin;
         for (int64_t r = r0; r < r1; ++r) yt[r] = dot(tile.data() + (r - r0) * in, xt, in);

@@ -2,10 +2,12 @@
 
 #include <cmath>
 
+#include "backend/ref/vec.h"
+
 namespace aff::ref {
 
 void rmsnorm(float* x, int64_t rows, int64_t n, const float* weight, float eps) {
-#pragma omp parallel for schedule(static) if (rows * n > 65536)
+#pragma omp parallel for schedule(static) if (rows * n >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * n;
     float ss = 0.0f;

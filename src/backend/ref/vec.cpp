@@ -1,9 +1,20 @@
 #include "backend/ref/vec.h"
 
+#include <omp.h>
+
+#include <cstdlib>
+
 #include "core/check.h"
 #include "core/dtype.h"
 
 namespace aff::ref {
+
+void adapt_threads_to_load() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  if (std::getenv("OMP_DYNAMIC") == nullptr) omp_set_dynamic(1);
+}
 
 float tensor_f32_at(const TensorView& t, int64_t i) {
   switch (t.dtype) {

@@ -9,6 +9,18 @@
 
 namespace aff::ref {
 
+// Multiply-adds below which a loop stays on one thread: an OpenMP region costs
+// tens of microseconds (far more on an oversubscribed machine), so only work
+// worth about a millisecond is split.
+constexpr int64_t kParallelMinWork = int64_t(1) << 20;
+
+// Lets OpenMP size each parallel region to the cores the machine has free
+// (dynamic adjustment), once per calling thread, unless the user set
+// OMP_DYNAMIC. Without it, a busy machine (other jobs, parallel test runs)
+// makes every fork-join wait for descheduled spinning threads: the token-by-
+// token golden test ran 12x slower under load.
+void adapt_threads_to_load();
+
 // Sum_i a[i] * b[i]; a, b: [n].
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;

@@ -69,7 +69,8 @@ void attention_forward(const ModelConfig& cfg, const AttentionWeights& w, int la
   std::vector<float> sinks(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) sinks[size_t(h)] = ref::tensor_f32_at(w.attn_sink, h);
   std::vector<float> o(size_t(T * H * Dh));
-#pragma omp parallel if (T > 1)
+  const int64_t n_keys_max = std::min<int64_t>(W, pos0 + T) + st.kv_comp.n_entries;
+#pragma omp parallel if (T * H * n_keys_max * Dh * 2 >= ref::kParallelMinWork)
   {
     std::vector<const float*> keys;
     std::vector<float> s;

@@ -44,6 +44,7 @@ void norm_rows(const ModelConfig& cfg, const TensorView& weight, float* x, int64
 
 Status forward(const LoadedModel& model, State& state, std::span<const int32_t> tokens,
                bool all_positions, std::vector<float>& logits, const ForwardOptions& opts) {
+  ref::adapt_threads_to_load();
   const ModelConfig& cfg = model.config;
   const ModelWeights& wts = model.weights;
   const int64_t T = int64_t(tokens.size());

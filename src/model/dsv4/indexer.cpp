@@ -27,7 +27,7 @@ void indexer_select(const IndexerWeights& w, const ModelConfig& cfg,
   for (float& v : wts) v *= scale;
 
   selected.assign(size_t(T), {});
-#pragma omp parallel if (T > 1)
+#pragma omp parallel if (T * keys.n_entries * nh * hd >= ref::kParallelMinWork)
   {
     std::vector<float> score;
     std::vector<int32_t> order;

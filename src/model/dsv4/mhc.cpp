@@ -37,7 +37,7 @@ std::vector<float> hc_mixes(const ModelConfig& cfg, const TensorView& fn, const 
 
 // x[t] = sum_j pre[t][j] * h[t][j]; x: [T, D].
 void collapse(const float* pre, const float* h, int64_t T, int hc, int64_t D, float* x) {
-#pragma omp parallel for schedule(static) if (T * D > 65536)
+#pragma omp parallel for schedule(static) if (T * hc * D >= ref::kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* xt = x + t * D;
     std::fill(xt, xt + D, 0.0f);
@@ -103,7 +103,7 @@ void hc_pre(const ModelConfig& cfg, const HcWeights& w, const float* h, int64_t 
 void hc_post(const ModelConfig& cfg, const HcMix& mix, const float* a, int64_t T, float* h) {
   const int hc = cfg.hc_mult;
   const int64_t D = cfg.hidden_size;
-#pragma omp parallel if (T * D > 65536)
+#pragma omp parallel if (T * hc * hc * D >= ref::kParallelMinWork)
   {
     std::vector<float> out(size_t(hc * D));
 #pragma omp for schedule(static)
