@@ -1,0 +1,183 @@
+// aff-bench-cpu: expert-shaped quantised GEMV on the CPU lane, reported as weight bytes
+// consumed per second and as a fraction of a plain streaming read measured in the same
+// run (one core and all cores). The data set is many experts, sized to exceed the caches,
+// so every byte comes from DRAM as it will for non-resident experts.
+//   aff-bench-cpu [--types Q4_K,Q2_K,...] [--rows 2048] [--cols 4096] [--mib 1024]
+//                 [--threads N] [--disable avx512|vnni|avx2] [--reps 3]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/act_quant.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/gemv.h"
+#include "core/dtype.h"
+#include "quant/blocks.h"
+#include "quant/type_traits.h"
+
+namespace {
+
+using aff::quant::GgmlType;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+// Random bytes (xorshift, fast enough for GiBs) with every scale field made sane.
+void fill_weights(GgmlType type, uint8_t* w, size_t bytes, uint64_t seed) {
+  uint64_t s = seed | 1;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < bytes / 8; ++i) {
+    uint64_t x = s ^ (i * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
+    std::memcpy(w + 8 * i, &x, 8);
+  }
+  const auto& tr = aff::quant::ggml_traits(type);
+  const size_t nb = bytes / size_t(tr.block_bytes);
+  const uint16_t d = aff::f32_to_f16(0.01f);
+  for (size_t b = 0; b < nb; ++b) {
+    uint8_t* p = w + b * size_t(tr.block_bytes);
+    switch (type) {
+      case GgmlType::kQ8_0: std::memcpy(p, &d, 2); break;
+      case GgmlType::kQ4_K: std::memcpy(p, &d, 2), std::memcpy(p + 2, &d, 2); break;
+      case GgmlType::kQ2_K: std::memcpy(p + 80, &d, 2), std::memcpy(p + 82, &d, 2); break;
+      case GgmlType::kIQ2_XXS: std::memcpy(p, &d, 2); break;
+      case GgmlType::kMXFP4: p[0] = 120; break;
+      default: break;
+    }
+  }
+}
+
+// Streaming read of `bytes` with `threads` threads; returns GB/s (best of reps).
+double stream_read_gbs(const uint8_t* buf, size_t bytes, int threads, int reps) {
+  double best = 0;
+  volatile uint64_t sink = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    uint64_t total = 0;
+    const auto* p = reinterpret_cast<const uint64_t*>(buf);
+    const size_t n = bytes / 8;
+#pragma omp parallel for num_threads(threads) reduction(^ : total) schedule(static)
+    for (size_t i = 0; i < n; i += 4) total ^= p[i] + p[i + 1] + p[i + 2] + p[i + 3];
+    const double s = seconds_since(t0);
+    sink = sink + total;
+    best = std::max(best, double(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t c = s.find(',', pos);
+    out.push_back(s.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string types = "Q8_0,Q4_K,Q2_K,IQ2_XXS,MXFP4";
+  int64_t rows = 2048, cols = 4096, mib = 1024;
+  int threads = omp_get_max_threads(), reps = 3;
+  std::string disable;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has = i + 1 < argc;
+    if (a == "--types" && has) types = argv[++i];
+    else if (a == "--rows" && has) rows = std::atoll(argv[++i]);
+    else if (a == "--cols" && has) cols = std::atoll(argv[++i]);
+    else if (a == "--mib" && has) mib = std::atoll(argv[++i]);
+    else if (a == "--threads" && has) threads = std::atoi(argv[++i]);
+    else if (a == "--reps" && has) reps = std::atoi(argv[++i]);
+    else if (a == "--disable" && has) disable = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: aff-bench-cpu [--types Q4_K,...] [--rows N] [--cols N] [--mib N] [--threads N] "
+                   "[--reps N] [--disable avx512|vnni|avx2]\n");
+      return 2;
+    }
+  }
+  if (rows <= 0 || cols <= 0 || cols % 256 != 0 || mib <= 0 || threads <= 0 || reps <= 0) {
+    std::fprintf(stderr, "aff-bench-cpu: rows, mib, threads, reps must be > 0 and cols a multiple of 256\n");
+    return 2;
+  }
+  const aff::cpu::CpuFeatures feats = aff::cpu::cpu_features_without(aff::cpu::cpu_features(), disable);
+  std::printf("aff-bench-cpu  %s  [%s]  threads=%d  expert %lldx%lld, ~%lld MiB of weights per type\n",
+              cpu_model().c_str(), aff::cpu::cpu_features_string(feats).c_str(), threads, (long long)rows,
+              (long long)cols, (long long)mib);
+
+  const size_t stream_bytes = size_t(mib) << 20;
+  std::vector<uint8_t> stream(stream_bytes);
+  fill_weights(GgmlType::kF32, stream.data(), stream.size(), 7);
+  const double bw1 = stream_read_gbs(stream.data(), stream.size(), 1, reps);
+  const double bwn = stream_read_gbs(stream.data(), stream.size(), threads, reps);
+  std::printf("stream read: 1 thread %.1f GB/s, %d threads %.1f GB/s\n\n", bw1, threads, bwn);
+  stream = {};
+
+  std::printf("%-24s %7s %9s %11s %7s %11s %7s %9s\n", "kernel", "bpw", "experts", "1T GB/s", "of BW", "NT GB/s",
+              "of BW", "NT Gw/s");
+  for (const auto& tn : split(types)) {
+    const auto type = aff::quant::ggml_type_from_name(tn);
+    if (!type || !aff::cpu::gemv_has_kernels(*type)) {
+      std::fprintf(stderr, "aff-bench-cpu: no CPU-lane kernels for type '%s'\n", tn.c_str());
+      return 2;
+    }
+    const aff::cpu::GemvKernel* k = aff::cpu::select_gemv_kernel(*type, feats);
+    const int64_t row_bytes = *aff::quant::ggml_row_bytes(*type, cols);
+    const int64_t expert_bytes = rows * row_bytes;
+    const int64_t n_exp = std::max<int64_t>(2 * threads, (int64_t(mib) << 20) / expert_bytes);
+    std::vector<uint8_t> w(size_t(n_exp * expert_bytes));
+    fill_weights(*type, w.data(), w.size(), 11);
+    std::vector<float> x(static_cast<size_t>(cols));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (auto& v : x) v = nd(rng);
+    std::vector<uint8_t> act(size_t(aff::cpu::act_bytes(k->act, cols)));
+    aff::cpu::quantize_act(k->act, x, act.data());
+    std::vector<float> y(size_t(n_exp * rows));
+
+    auto run = [&](int nt) {
+      double best = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        // Experts are independent GEMVs; threads take whole experts so each streams
+        // contiguous memory.
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t e = 0; e < n_exp; ++e) {
+          k->fn(w.data() + e * expert_bytes, row_bytes, rows, cols, act.data(), y.data() + e * rows);
+        }
+        best = std::min(best, seconds_since(t0));
+      }
+      return best;
+    };
+    const double t1 = run(1), tn_s = run(threads);
+    const double gb = double(w.size()) / 1e9;
+    std::printf("%-24s %7.3f %9lld %11.1f %6.0f%% %11.1f %6.0f%% %9.2f\n", std::string(k->name).c_str(),
+                aff::quant::ggml_bits_per_weight(*type), (long long)n_exp, gb / t1, 100 * gb / t1 / bw1, gb / tn_s,
+                100 * gb / tn_s / bwn, double(n_exp * rows * cols) / tn_s / 1e9);
+  }
+  return 0;
+}
