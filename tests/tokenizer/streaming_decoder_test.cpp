@@ -20,7 +20,7 @@ std::string stream_all(const Tokenizer& tok, const std::vector<int32_t>& ids, bo
   return out;
 }
 
-TEST(StreamingDecoder, MultiByteCharactersSplitAcrossTokens) {
+void check_multi_byte_characters_split_across_tokens() {
   const Tokenizer& tok = v4_tokenizer();
   // Rare CJK, emoji with modifiers and ZWJ sequences are spelled with tokens
   // that hold only part of a character.
@@ -43,7 +43,7 @@ TEST(StreamingDecoder, MultiByteCharactersSplitAcrossTokens) {
   EXPECT_EQ(out, text);
 }
 
-TEST(StreamingDecoder, HoldsBackThenReleasesOneCharacter) {
+void check_holds_back_then_releases_one_character() {
   const Tokenizer& tok = v4_tokenizer();
   // Single-byte tokens, spelled with the GPT-2 byte map: 0xC3 -> "Ã", 0xA9 -> "©".
   const int32_t c3 = tok.token_id("Ã");
@@ -59,7 +59,7 @@ TEST(StreamingDecoder, HoldsBackThenReleasesOneCharacter) {
   EXPECT_EQ(dec.flush(), "");
 }
 
-TEST(StreamingDecoder, InvalidBytesAreReplacedAtOnce) {
+void check_invalid_bytes_are_replaced_at_once() {
   const Tokenizer& tok = v4_tokenizer();
   const int32_t ff = tok.token_id("ÿ");  // byte 0xFF, never valid in UTF-8
   const int32_t e2 = tok.token_id("â");  // 0xE2, a 3-byte lead
@@ -71,7 +71,7 @@ TEST(StreamingDecoder, InvalidBytesAreReplacedAtOnce) {
   EXPECT_EQ(dec.push(a), std::string(tokenizer::kReplacementChar) + "A");
 }
 
-TEST(StreamingDecoder, RandomIdStreamsEqualDecode) {
+void check_random_id_streams_equal_decode() {
   for (const Tokenizer* tok : {&v4_tokenizer(), &tiny_tokenizer()}) {
     std::mt19937 rng = fresh_rng();
     for (int trial = 0; trial < 300; ++trial) {
@@ -89,13 +89,26 @@ TEST(StreamingDecoder, RandomIdStreamsEqualDecode) {
   }
 }
 
-TEST(StreamingDecoder, SkipsSpecialTokensWhenAsked) {
+void check_skips_special_tokens_when_asked() {
   const Tokenizer& tok = v4_tokenizer();
   const std::vector<int32_t> ids = tok.encode("<｜begin▁of▁sentence｜>hi<｜User｜>x<｜end▁of▁sentence｜>");
   bool valid = false;
   EXPECT_EQ(stream_all(tok, ids, true, &valid), "hi<｜User｜>x");
   EXPECT_EQ(stream_all(tok, ids, false, &valid),
             "<｜begin▁of▁sentence｜>hi<｜User｜>x<｜end▁of▁sentence｜>");
+}
+
+// Each test binary process loads the V4 file (~1 s), and ctest runs every
+// TEST in its own process, so related checks share one TEST.
+TEST(StreamingDecoder, SplitCharactersAndByteTokens) {
+  check_multi_byte_characters_split_across_tokens();
+  check_holds_back_then_releases_one_character();
+  check_invalid_bytes_are_replaced_at_once();
+}
+
+TEST(StreamingDecoder, StreamsEqualDecode) {
+  check_random_id_streams_equal_decode();
+  check_skips_special_tokens_when_asked();
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 namespace aff::tokenizer_test {
 namespace {
 
-TEST(V4Tokenizer, SpecialTokenIdsAreV4s) {
+void check_special_token_ids_are_v4s() {
   const Tokenizer& tok = v4_tokenizer();
   EXPECT_EQ(tok.vocab_size(), 129280);
   EXPECT_EQ(tok.vocab_size(), expected("v4_expected.json").at("vocab_size").get<int>());
@@ -35,7 +35,7 @@ TEST(V4Tokenizer, SpecialTokenIdsAreV4s) {
   EXPECT_EQ(tok.token_bytes(999999), "");
 }
 
-TEST(V4Tokenizer, CorpusIdsMatchHf) {
+void check_corpus_ids_match_hf() {
   const Tokenizer& tok = v4_tokenizer();
   int n = 0;
   for (const auto& c : expected("v4_expected.json").at("cases")) {
@@ -46,7 +46,7 @@ TEST(V4Tokenizer, CorpusIdsMatchHf) {
   EXPECT_GT(n, 200);
 }
 
-TEST(V4Tokenizer, CorpusIdsWithoutAddedTokensMatchHf) {
+void check_corpus_ids_without_added_tokens_match_hf() {
   const Tokenizer& tok = v4_tokenizer();
   for (const auto& c : expected("v4_expected.json").at("cases")) {
     const std::string text = c.at("text");
@@ -56,7 +56,7 @@ TEST(V4Tokenizer, CorpusIdsWithoutAddedTokensMatchHf) {
   }
 }
 
-TEST(V4Tokenizer, ParseSpecialFalseSpellsControlTokensAsText) {
+void check_parse_special_false_spells_control_tokens_as_text() {
   const Tokenizer& tok = v4_tokenizer();
   const std::string text = "<｜User｜>hi<think>";
   EXPECT_EQ(tok.encode(text, true), (std::vector<int32_t>{128803, tok.encode("hi")[0], 128821}));
@@ -65,7 +65,7 @@ TEST(V4Tokenizer, ParseSpecialFalseSpellsControlTokensAsText) {
   EXPECT_EQ(tok.decode(plain), text);
 }
 
-TEST(V4Tokenizer, DecodeMatchesHf) {
+void check_decode_matches_hf() {
   const Tokenizer& tok = v4_tokenizer();
   for (const auto& c : expected("v4_expected.json").at("cases")) {
     const std::vector<int32_t> ids = ids_of(c.at("ids"));
@@ -80,7 +80,7 @@ TEST(V4Tokenizer, DecodeMatchesHf) {
   }
 }
 
-TEST(V4Tokenizer, CorpusRoundTrips) {
+void check_corpus_round_trips() {
   const Tokenizer& tok = v4_tokenizer();
   for (const auto& c : expected("v4_expected.json").at("cases")) {
     const std::string text = c.at("text");
@@ -89,7 +89,7 @@ TEST(V4Tokenizer, CorpusRoundTrips) {
   }
 }
 
-TEST(V4Tokenizer, RandomTextRoundTrips) {
+void check_random_text_round_trips() {
   const Tokenizer& tok = v4_tokenizer();
   std::mt19937 rng = fresh_rng();
   const std::vector<std::string> specials = {"<｜User｜>", "<think>", "</think>", "｜DSML｜",
@@ -101,7 +101,7 @@ TEST(V4Tokenizer, RandomTextRoundTrips) {
   }
 }
 
-TEST(V4Tokenizer, InvalidUtf8IsEncodedAsReplacementChars) {
+void check_invalid_utf8_is_encoded_as_replacement_chars() {
   const Tokenizer& tok = v4_tokenizer();
   const std::string bad = "ok \xFF\xFE bytes \xE4\xBD then cut \xF0\x9F\x98";
   const std::string repaired = tokenizer::utf8_lossy(bad);
@@ -110,7 +110,7 @@ TEST(V4Tokenizer, InvalidUtf8IsEncodedAsReplacementChars) {
   EXPECT_EQ(tok.decode(tok.encode(bad)), repaired);
 }
 
-TEST(V4Tokenizer, LongWhitespaceAndDigitRuns) {
+void check_long_whitespace_and_digit_runs() {
   const Tokenizer& tok = v4_tokenizer();
   // One huge piece for the `\s+(?!\S)` alternative and for BPE.
   for (const std::string unit : {" ", "\t", "\n", "\xC2\xA0", "7", "a", "\xE4\xBD\xA0", "!"}) {
@@ -121,7 +121,7 @@ TEST(V4Tokenizer, LongWhitespaceAndDigitRuns) {
   }
 }
 
-TEST(V4Tokenizer, ConcurrentEncodesAgreeWithHf) {
+void check_concurrent_encodes_agree_with_hf() {
   // The piece cache is shared between threads; results must not depend on it.
   const Tokenizer& tok = v4_tokenizer();
   const auto& cases = expected("v4_expected.json").at("cases");
@@ -139,7 +139,7 @@ TEST(V4Tokenizer, ConcurrentEncodesAgreeWithHf) {
   EXPECT_EQ(failures, std::vector<int>(4, 0));
 }
 
-TEST(V4Tokenizer, HundredThousandTokenPromptIsFast) {
+void check_hundred_thousand_token_prompt_is_fast() {
   const Tokenizer& tok = v4_tokenizer();
   // A prompt built from the corpus, so it mixes every script and trap above;
   // a random suffix per run keeps the piece cache honest.
@@ -159,6 +159,34 @@ TEST(V4Tokenizer, HundredThousandTokenPromptIsFast) {
   EXPECT_GE(ids.size(), 100000u);
   EXPECT_LT(seconds, 2.0);
   EXPECT_EQ(tok.decode(ids), prompt);
+}
+
+// Each test binary process loads the V4 file (~1 s), and ctest runs every
+// TEST in its own process, so related checks share one TEST.
+TEST(V4Tokenizer, SpecialTokensAndParseSpecial) {
+  check_special_token_ids_are_v4s();
+  check_parse_special_false_spells_control_tokens_as_text();
+}
+
+TEST(V4Tokenizer, CorpusMatchesHf) {
+  check_corpus_ids_match_hf();
+  check_corpus_ids_without_added_tokens_match_hf();
+  check_decode_matches_hf();
+  check_corpus_round_trips();
+}
+
+TEST(V4Tokenizer, RandomInvalidAndLongTextRoundTrips) {
+  check_random_text_round_trips();
+  check_invalid_utf8_is_encoded_as_replacement_chars();
+  check_long_whitespace_and_digit_runs();
+}
+
+TEST(V4Tokenizer, ConcurrentEncodes) {
+  check_concurrent_encodes_agree_with_hf();
+}
+
+TEST(V4Tokenizer, HundredThousandTokenPrompt) {
+  check_hundred_thousand_token_prompt_is_fast();
 }
 
 }  // namespace
