@@ -10,7 +10,10 @@
 #include <fmt/format.h>
 
 #include "model/dsv4/forward.h"
+#include "format/gguf_reader.h"
+#include "model/dsv4/load_gguf.h"
 #include "model/dsv4/loaded_model.h"
+#include "model/dsv4/tokenizer_gguf.h"
 #include "runtime/model_path.h"
 #include "tokenizer/tokenizer.h"
 
@@ -110,21 +113,38 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   std::error_code ec;
   const fs::file_status st = fs::status(opts.model_path, ec);
-  if (!fs::exists(st)) return not_found(fmt::format("model directory '{}' does not exist", opts.model_path));
-  if (!fs::is_directory(st)) {
-    return unsupported(fmt::format("model '{}' is not a directory; only HF checkpoint directories load for now",
-                                   opts.model_path));
+  if (!fs::exists(st)) return not_found(fmt::format("model '{}' does not exist", opts.model_path));
+  // A checkpoint directory or a GGUF container (recognised by its magic).
+  const bool gguf = !fs::is_directory(st) && dsv4::is_gguf_file(opts.model_path);
+  if (!fs::is_directory(st) && !gguf) {
+    return unsupported(fmt::format("model '{}' is neither a checkpoint directory nor a GGUF file", opts.model_path));
   }
   if (opts.threads > 0) omp_set_num_threads(opts.threads);
 
-  auto model = dsv4::load_checkpoint_dir(opts.model_path);
+  std::shared_ptr<const format::GgufFile> gguf_file;
+  Result<std::unique_ptr<dsv4::LoadedModel>> model = Status::ok();
+  if (gguf) {
+    auto f = format::GgufFile::open(opts.model_path);
+    if (!f.is_ok()) return f.status();
+    gguf_file = std::make_shared<const format::GgufFile>(std::move(f).value());
+    model = dsv4::load_gguf(gguf_file);
+  } else {
+    model = dsv4::load_checkpoint_dir(opts.model_path);
+  }
   if (!model.is_ok()) return model.status();
 
-  if (opts.tokenizer_path.empty()) opts.tokenizer_path = (fs::path(opts.model_path) / "tokenizer.json").string();
-  if (!fs::exists(opts.tokenizer_path, ec)) {
-    return not_found(fmt::format("tokenizer '{}' does not exist (give one with --tokenizer FILE)", opts.tokenizer_path));
+  // --tokenizer wins; else the directory's tokenizer.json or the GGUF's own.
+  Result<std::unique_ptr<Tokenizer>> tok = Status::ok();
+  if (gguf && opts.tokenizer_path.empty()) {
+    tok = dsv4::tokenizer_from_gguf(*gguf_file);
+    opts.tokenizer_path = opts.model_path;
+  } else {
+    if (opts.tokenizer_path.empty()) opts.tokenizer_path = (fs::path(opts.model_path) / "tokenizer.json").string();
+    if (!fs::exists(opts.tokenizer_path, ec)) {
+      return not_found(fmt::format("tokenizer '{}' does not exist (give one with --tokenizer FILE)", opts.tokenizer_path));
+    }
+    tok = Tokenizer::load(opts.tokenizer_path);
   }
-  auto tok = Tokenizer::load(opts.tokenizer_path);
   if (!tok.is_ok()) return tok.status();
 
   const dsv4::ModelConfig& cfg = model.value()->config;

@@ -1,0 +1,399 @@
+// GGUF models end to end: config metadata round trip, a checkpoint converted
+// to GGUF loading and running exactly like the checkpoint, loader errors, the
+// tokenizer carried in the file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "checkpoint_to_gguf.h"
+#include "format/gguf_dsv4_names.h"
+#include "format/gguf_reader.h"
+#include "format/gguf_writer.h"
+#include "gguf_test_util.h"
+#include "model/dsv4/config_gguf.h"
+#include "model/dsv4/forward.h"
+#include "model/dsv4/load_gguf.h"
+#include "model/dsv4/loaded_model.h"
+#include "model/dsv4/state.h"
+#include "model/dsv4/synthetic_checkpoint.h"
+#include "model/dsv4/tokenizer_gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace aff {
+namespace {
+
+namespace fs = std::filesystem;
+using dsv4::ModelConfig;
+using format::GgufFile;
+using format::GgufValue;
+
+// Q8_0 moves each weight by at most half a step, d/2 with d = max|block|/127.
+// Compared with routing off (shared expert only: routed top-k choices flip
+// under any perturbation, which is the model's nature, not an error), the
+// tiny random model's logits moved by 1.7-2.1% of their largest magnitude over
+// six seeds (the synthetic weights are uniform, so every block's max is large
+// relative to its typical value). 4% is twice that; a wrong row, scale or type
+// moves logits by order 100%. The exact check above is the sharp one.
+constexpr float kQ8LogitTolerance = 0.04f;
+
+ModelConfig metadata_round_trip(const ModelConfig& c, const fs::path& path) {
+  {
+    format::GgufWriter w(path.string());
+    EXPECT_TRUE(dsv4::config_to_gguf(c, w).is_ok());
+    EXPECT_TRUE(w.write_header().is_ok());
+    EXPECT_TRUE(w.finish().is_ok());
+  }
+  auto f = GgufFile::open(path.string());
+  EXPECT_TRUE(f.is_ok()) << f.status().message();
+  auto back = dsv4::config_from_gguf(*f);
+  EXPECT_TRUE(back.is_ok()) << back.status().message();
+  return back.is_ok() ? *back : ModelConfig{};
+}
+
+void expect_same_architecture(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.variant, b.variant);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_mtp_layers, b.num_mtp_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.rope_dim, b.rope_dim);
+  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank);
+  EXPECT_EQ(a.o_groups, b.o_groups);
+  EXPECT_EQ(a.o_lora_rank, b.o_lora_rank);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.compress_ratios, b.compress_ratios);
+  EXPECT_FLOAT_EQ(float(a.rope_theta), float(b.rope_theta));
+  EXPECT_FLOAT_EQ(float(a.compress_rope_theta), float(b.compress_rope_theta));
+  EXPECT_EQ(a.rope_scaling.yarn, b.rope_scaling.yarn);
+  if (a.rope_scaling.yarn) {  // without YaRN the other fields are unused and not stored
+    EXPECT_FLOAT_EQ(float(a.rope_scaling.factor), float(b.rope_scaling.factor));
+    EXPECT_EQ(a.rope_scaling.original_max_position, b.rope_scaling.original_max_position);
+    EXPECT_FLOAT_EQ(float(a.rope_scaling.beta_fast), float(b.rope_scaling.beta_fast));
+    EXPECT_FLOAT_EQ(float(a.rope_scaling.beta_slow), float(b.rope_scaling.beta_slow));
+  }
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.index_n_heads, b.index_n_heads);
+  EXPECT_EQ(a.index_head_dim, b.index_head_dim);
+  EXPECT_EQ(a.index_topk, b.index_topk);
+  EXPECT_EQ(a.n_routed_experts, b.n_routed_experts);
+  EXPECT_EQ(a.n_shared_experts, b.n_shared_experts);
+  EXPECT_EQ(a.n_experts_per_tok, b.n_experts_per_tok);
+  EXPECT_EQ(a.moe_inter, b.moe_inter);
+  EXPECT_EQ(a.num_hash_layers, b.num_hash_layers);
+  EXPECT_EQ(a.scoring_func, b.scoring_func);
+  EXPECT_FLOAT_EQ(float(a.routed_scaling_factor), float(b.routed_scaling_factor));
+  EXPECT_EQ(a.norm_topk_prob, b.norm_topk_prob);
+  EXPECT_FLOAT_EQ(float(a.swiglu_limit), float(b.swiglu_limit));
+  EXPECT_FLOAT_EQ(float(a.rms_norm_eps), float(b.rms_norm_eps));
+  EXPECT_EQ(a.hc_mult, b.hc_mult);
+  EXPECT_EQ(a.hc_sinkhorn_iters, b.hc_sinkhorn_iters);
+  EXPECT_FLOAT_EQ(float(a.hc_eps), float(b.hc_eps));
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+  EXPECT_EQ(a.num_dspark_stages, b.num_dspark_stages);
+  EXPECT_EQ(a.dspark_block_size, b.dspark_block_size);
+  EXPECT_EQ(a.dspark_noise_token_id, b.dspark_noise_token_id);
+  EXPECT_EQ(a.dspark_markov_rank, b.dspark_markov_rank);
+  EXPECT_EQ(a.dspark_target_layer_ids, b.dspark_target_layer_ids);
+}
+
+TEST(GgufConfig, RoundTripsEveryVariantAndRandomValues) {
+  test::TempDir tmp("cfg");
+  std::mt19937_64 rng(std::random_device{}());
+  for (auto variant : {dsv4::Variant::kV4Flash, dsv4::Variant::kV4Flash0731}) {
+    ModelConfig c = dsv4::synthetic_tiny_config(variant);
+    expect_same_architecture(c, metadata_round_trip(c, tmp.path() / "a.gguf"));
+    // Values off the release defaults, so a reader falling back to a default shows.
+    c.rope_theta = 1000.0 + double(rng() % 9000);
+    c.compress_rope_theta = 50000.0 + double(rng() % 1000);
+    c.rope_scaling.factor = 2.0 + double(rng() % 7);
+    c.rope_scaling.beta_fast = 16.0 + double(rng() % 16);
+    c.swiglu_limit = 3.0 + double(rng() % 5);
+    c.routed_scaling_factor = 1.0 + 0.25 * double(rng() % 4);
+    c.norm_topk_prob = rng() % 2 == 0;
+    c.hc_sinkhorn_iters = 1 + int(rng() % 30);
+    c.bos_token_id = int(rng() % 50);
+    c.eos_token_id = 50 + int(rng() % 50);
+    c.max_position_embeddings = 1000 + int64_t(rng() % 9000);
+    expect_same_architecture(c, metadata_round_trip(c, tmp.path() / "b.gguf"));
+    c.rope_scaling.yarn = false;
+    expect_same_architecture(c, metadata_round_trip(c, tmp.path() / "c.gguf"));
+  }
+}
+
+// Writes cfg's metadata with `edit` applied, returns config_from_gguf's status.
+Status config_status_with(const fs::path& path, const std::function<void(dsv4::GgufMetadata&)>& edit) {
+  dsv4::GgufMetadata m = dsv4::config_gguf_metadata(dsv4::synthetic_tiny_config());
+  edit(m);
+  {
+    format::GgufWriter w(path.string());
+    for (auto& [k, v] : m) AFF_RETURN_IF_ERROR(w.set(k, v));
+    AFF_RETURN_IF_ERROR(w.write_header());
+    AFF_RETURN_IF_ERROR(w.finish());
+  }
+  AFF_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path.string()));
+  return dsv4::config_from_gguf(f).status();
+}
+
+void set_key(dsv4::GgufMetadata& m, std::string_view key, GgufValue v) {
+  for (auto& [k, old] : m) {
+    if (k == key) {
+      old = std::move(v);
+      return;
+    }
+  }
+  m.emplace_back(std::string(key), std::move(v));
+}
+
+void drop_key(dsv4::GgufMetadata& m, std::string_view key) {
+  std::erase_if(m, [&](const auto& kv) { return kv.first == key; });
+}
+
+TEST(GgufConfig, ErrorsNameTheFileAndKey) {
+  test::TempDir tmp("cfgerr");
+  const fs::path p = tmp.path() / "bad.gguf";
+  namespace key = format::dsv4_key;
+  struct Case {
+    std::function<void(dsv4::GgufMetadata&)> edit;
+    StatusCode code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& m) { drop_key(m, key::kBlockCount); }, StatusCode::kNotFound, "deepseek4.block_count"},
+      {[](auto& m) { drop_key(m, key::kCompressRatios); }, StatusCode::kNotFound, "compress_ratios"},
+      {[](auto& m) { set_key(m, key::kArchitecture, GgufValue::string("deepseek41")); }, StatusCode::kUnsupported,
+       "deepseek41"},
+      {[](auto& m) { set_key(m, key::kArchitecture, GgufValue::string("llama")); }, StatusCode::kUnsupported,
+       "llama"},
+      {[](auto& m) { set_key(m, key::kHeadCountKv, GgufValue::u32(2)); }, StatusCode::kUnsupported,
+       "head_count_kv"},
+      {[](auto& m) { set_key(m, key::kHeadCount, GgufValue::string("four")); }, StatusCode::kCorrupt,
+       "attention.head_count"},
+      {[](auto& m) { set_key(m, key::kHeadCount, GgufValue::i32(-4)); }, StatusCode::kCorrupt, "negative"},
+      {[](auto& m) {
+         set_key(m, key::kSwigluClampExp,
+                 GgufValue::array(format::GgufType::kF32, std::vector<float>{10, 10, 7, 10, 10, 10}));
+       },
+       StatusCode::kUnsupported, "swiglu_clamp_exp"},
+      {[](auto& m) {
+         set_key(m, key::kCompressRatios, GgufValue::array(format::GgufType::kU32, std::vector<int>{0, 0, 4}));
+       },
+       StatusCode::kInvalidArgument, "compress_ratios"},
+      {[](auto& m) { set_key(m, dsv4::kGgufKeyScoringFunc, GgufValue::string("softmax")); },
+       StatusCode::kUnsupported, "scoring_func"},
+  };
+  for (const Case& c : cases) {
+    const Status st = config_status_with(p, c.edit);
+    EXPECT_EQ(st.code(), c.code) << st.message();
+    EXPECT_NE(st.message().find(c.needle), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(p.string()), std::string::npos) << st.message();
+  }
+  // A scalar clamp (older files) is accepted.
+  EXPECT_TRUE(config_status_with(p, [](auto& m) { set_key(m, key::kSwigluClampExp, GgufValue::f32(10)); }).is_ok());
+}
+
+// ---- models ----------------------------------------------------------------
+
+class GgufModel : public ::testing::Test {
+ public:
+  static inline test::TempDir* tmp_ = nullptr;
+  static inline fs::path ckpt_;
+  static inline fs::path lossless_;
+  static inline uint64_t seed_ = 0;
+
+  static void SetUpTestSuite() {
+    tmp_ = new test::TempDir("model");
+    seed_ = std::random_device{}();
+    ckpt_ = tmp_->path() / "ckpt";
+    ModelConfig cfg = dsv4::synthetic_tiny_config();
+    // Multiples of 32 everywhere so that the Q8_0 variant quantises every dense Linear.
+    cfg.q_lora_rank = 64;
+    cfg.o_lora_rank = 32;
+    cfg.vocab_size = 1031;  // covers the test tokenizer's ids
+    dsv4::SyntheticCheckpointOptions o;
+    o.seed = seed_;
+    ASSERT_TRUE(dsv4::write_synthetic_checkpoint(cfg, ckpt_.string(), o).is_ok());
+    fs::copy_file(fs::path(AFFINITY_TEST_DATA) / "tokenizer" / "tiny_tokenizer.json", ckpt_ / "tokenizer.json");
+    lossless_ = tmp_->path() / "lossless.gguf";
+    const Status st = test::checkpoint_to_gguf(ckpt_.string(), lossless_.string());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+  }
+  static void TearDownTestSuite() {
+    delete tmp_;
+    tmp_ = nullptr;
+  }
+
+  static std::vector<int32_t> random_tokens(int n, int64_t vocab) {
+    std::mt19937_64 rng(seed_ + 7);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = int32_t(rng() % uint64_t(vocab));
+    return t;
+  }
+
+  static std::vector<float> logits_of(const dsv4::LoadedModel& m, const std::vector<int32_t>& tokens,
+                                      const dsv4::ForwardOptions& opts = {}) {
+    auto state = dsv4::make_state(m, 64);
+    std::vector<float> logits;
+    const Status st = dsv4::forward(m, *state, tokens, true, logits, opts);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    return logits;
+  }
+};
+
+TEST_F(GgufModel, LosslessContainerGivesBitIdenticalLogits) {
+  auto dir = dsv4::load_checkpoint_dir(ckpt_.string());
+  ASSERT_TRUE(dir.is_ok()) << dir.status().message();
+  auto gguf = dsv4::load_gguf_file(lossless_.string());
+  ASSERT_TRUE(gguf.is_ok()) << gguf.status().message();
+  const dsv4::LoadedModel& g = **gguf;
+  // Experts stay MXFP4 (as ggml blocks); FP8 dense weights became BF16.
+  EXPECT_EQ(g.weights.layers[2].ffn.experts[5].w2.format, dsv4::WeightFormat::kGgml);
+  EXPECT_EQ(g.weights.layers[2].ffn.experts[5].w2.ggml_type, int(quant::GgmlType::kMXFP4));
+  EXPECT_EQ(g.weights.layers[1].attn.wq_b.format, dsv4::WeightFormat::kBF16);
+  EXPECT_EQ(g.config.num_mtp_layers, 1);
+  ASSERT_EQ(g.weights.mtp.size(), 1u);
+
+  const auto tokens = random_tokens(23, g.config.vocab_size);
+  const std::vector<float> a = logits_of(**dir, tokens);
+  const std::vector<float> b = logits_of(g, tokens);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), tokens.size() * size_t(g.config.vocab_size));
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " logits";
+}
+
+TEST_F(GgufModel, Q8DenseAndQ8EmbeddingRunExactlyTheirDecodedValues) {
+  // The Q8_0 container against the same weights decoded to F32: identical
+  // rows reach the same kernels, so the logits must match bit for bit.
+  const fs::path q8 = tmp_->path() / "q8.gguf", q8_f32 = tmp_->path() / "q8_f32.gguf";
+  test::CheckpointToGgufOptions o;
+  o.dense_q8_0 = true;
+  o.embed_q8_0 = true;
+  ASSERT_TRUE(test::checkpoint_to_gguf(ckpt_.string(), q8.string(), o).is_ok());
+  o.q8_0_decoded_as_f32 = true;
+  ASSERT_TRUE(test::checkpoint_to_gguf(ckpt_.string(), q8_f32.string(), o).is_ok());
+  auto quantised = dsv4::load_gguf_file(q8.string());
+  auto decoded = dsv4::load_gguf_file(q8_f32.string());
+  ASSERT_TRUE(quantised.is_ok()) << quantised.status().message();
+  ASSERT_TRUE(decoded.is_ok()) << decoded.status().message();
+  const dsv4::LoadedModel& g = **quantised;
+  EXPECT_TRUE(g.weights.embed_rows.valid());
+  EXPECT_FALSE(g.weights.embed.valid());
+  EXPECT_EQ(g.weights.layers[0].attn.wq_b.ggml_type, int(quant::GgmlType::kQ8_0));
+  EXPECT_EQ((*decoded)->weights.layers[0].attn.wq_b.format, dsv4::WeightFormat::kF32);
+
+  const auto tokens = random_tokens(19, g.config.vocab_size);
+  const std::vector<float> a = logits_of(**decoded, tokens);
+  const std::vector<float> b = logits_of(g, tokens);
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " logits";
+
+  // Against the original checkpoint: close, within the stated tolerance.
+  auto dir = dsv4::load_checkpoint_dir(ckpt_.string());
+  ASSERT_TRUE(dir.is_ok());
+  dsv4::ForwardOptions shared_only;
+  shared_only.no_routed_experts = true;
+  const std::vector<float> c = logits_of(**dir, tokens, shared_only);
+  const std::vector<float> d = logits_of(g, tokens, shared_only);
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(c[i]));
+    max_diff = std::max(max_diff, std::fabs(c[i] - d[i]));
+  }
+  EXPECT_GT(max_diff, 0.0f) << "Q8_0 should perturb something";
+  EXPECT_LE(max_diff, kQ8LogitTolerance * max_abs) << "max |logit| " << max_abs;
+  std::printf("Q8_0 dense+embed vs checkpoint (shared expert only): max |dlogit| %.5f of max |logit| %.4f (%.5f)\n",
+              max_diff, max_abs, max_diff / max_abs);
+}
+
+TEST_F(GgufModel, TokenizerFromTheFile) {
+  auto json_tok = Tokenizer::load((ckpt_ / "tokenizer.json").string());
+  ASSERT_TRUE(json_tok.is_ok());
+  auto f = GgufFile::open(lossless_.string());
+  ASSERT_TRUE(f.is_ok());
+  ASSERT_TRUE(dsv4::gguf_has_tokenizer(*f));
+  auto exact = dsv4::tokenizer_from_gguf(*f);
+  ASSERT_TRUE(exact.is_ok()) << exact.status().message();
+  // Without the tokenizer.json copy, the tokenizer.ggml.* keys alone must give the same ids.
+  const fs::path ggml_only = tmp_->path() / "ggml_tok.gguf";
+  ASSERT_TRUE(test::rewrite_gguf(lossless_, ggml_only, {.drop_keys = {std::string(dsv4::kGgufKeyTokenizerJson)}})
+                  .is_ok());
+  auto g = GgufFile::open(ggml_only.string());
+  ASSERT_TRUE(g.is_ok());
+  auto from_keys = dsv4::tokenizer_from_gguf(*g);
+  ASSERT_TRUE(from_keys.is_ok()) << from_keys.status().message();
+  const std::vector<std::string> texts = {
+      "Hello, world! 12345 tokens", "<｜User｜>hi<｜Assistant｜><think>x</think>", "  spaces\n\nand\ttabs 3.14159",
+      "日本語のテキストと中文", "emoji 🙂 and ümlauts", "<｜begin▁of▁sentence｜>abc<｜end▁of▁sentence｜>"};
+  for (const std::string& t : texts) {
+    const auto want = (*json_tok)->encode(t);
+    EXPECT_EQ((*exact)->encode(t), want) << t;
+    EXPECT_EQ((*from_keys)->encode(t), want) << t;
+    EXPECT_EQ((*from_keys)->decode(want), (*json_tok)->decode(want)) << t;
+  }
+  for (int32_t id = 0; id < (*json_tok)->vocab_size(); id += 37) {
+    EXPECT_EQ((*from_keys)->token_bytes(id), (*json_tok)->token_bytes(id)) << id;
+    EXPECT_EQ((*from_keys)->is_special(id), (*json_tok)->is_special(id)) << id;
+  }
+  // An unknown pre-tokenizer name is refused, pointing at --tokenizer.
+  const fs::path odd_pre = tmp_->path() / "odd_pre.gguf";
+  ASSERT_TRUE(test::rewrite_gguf(ggml_only, odd_pre,
+                                 {.set_keys = {{std::string(format::dsv4_key::kTokenizerPre), GgufValue::string("qwen2")}}})
+                  .is_ok());
+  auto o = GgufFile::open(odd_pre.string());
+  const auto st = dsv4::tokenizer_from_gguf(*o).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("--tokenizer"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("qwen2"), std::string::npos) << st.message();
+}
+
+TEST_F(GgufModel, LoaderErrorsNameFileAndTensor) {
+  struct Case {
+    test::RewriteOptions edit;
+    StatusCode code;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {{.drop_tensors = {"blk.3.attn_q_b.weight"}}, StatusCode::kNotFound,
+       {"blk.3.attn_q_b.weight", "layers.3.attn.wq_b.weight", "missing"}},
+      {{.reshape = {{"blk.1.attn_kv.weight", {160, 32}}}}, StatusCode::kCorrupt,
+       {"blk.1.attn_kv.weight", "[160, 32]", "[160, 64]"}},
+      {{.reshape = {{"blk.2.ffn_up_exps.weight", {160, 64, 7}}}}, StatusCode::kCorrupt,
+       {"blk.2.ffn_up_exps.weight", "[160, 64, 8]"}},
+      {{.retype = {{"blk.0.attn_norm.weight", quant::GgmlType::kI32}}}, StatusCode::kCorrupt,
+       {"blk.0.attn_norm.weight", "I32"}},
+      {{.retype = {{"blk.4.ffn_down_exps.weight", quant::GgmlType::kI8}}}, StatusCode::kCorrupt,
+       {"blk.4.ffn_down_exps.weight", "I8"}},
+      {{.poison_tid2eid = "blk.1.ffn_gate_tid2eid.weight"}, StatusCode::kCorrupt,
+       {"blk.1.ffn_gate_tid2eid.weight", "expert id"}},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const fs::path p = tmp_->path() / ("bad" + std::to_string(i++) + ".gguf");
+    const Status w = test::rewrite_gguf(lossless_, p, c.edit);
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    const Status st = dsv4::load_gguf_file(p.string()).status();
+    EXPECT_EQ(st.code(), c.code) << st.message();
+    EXPECT_NE(st.message().find(p.string()), std::string::npos) << st.message();
+    for (const std::string& n : c.needles) EXPECT_NE(st.message().find(n), std::string::npos) << n << ": " << st.message();
+  }
+  // MTP counted in metadata but shipped elsewhere (ds4): loads without it.
+  const fs::path no_mtp = tmp_->path() / "no_mtp.gguf";
+  ASSERT_TRUE(test::rewrite_gguf(lossless_, no_mtp, {.drop_prefix = "mtp."}).is_ok());
+  auto m = dsv4::load_gguf_file(no_mtp.string());
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ((*m)->config.num_mtp_layers, 0);
+  EXPECT_TRUE((*m)->weights.mtp.empty());
+}
+
+}  // namespace
+}  // namespace aff
