@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <sys/wait.h>
 
 #include "checkpoint_to_gguf.h"
 #include "format/gguf_dsv4_names.h"
@@ -393,6 +394,89 @@ TEST_F(GgufModel, LoaderErrorsNameFileAndTensor) {
   ASSERT_TRUE(m.is_ok()) << m.status().message();
   EXPECT_EQ((*m)->config.num_mtp_layers, 0);
   EXPECT_TRUE((*m)->weights.mtp.empty());
+}
+
+
+// ---- the CLI -----------------------------------------------------------------
+
+namespace cli {
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Run run(const std::string& binary, const std::vector<std::string>& args, const fs::path& scratch) {
+  static int n = 0;
+  const fs::path out = scratch / ("out" + std::to_string(n)), err = scratch / ("err" + std::to_string(n++));
+  std::string cmd = quote(std::string(AFFINITY_BIN_DIR) + "/" + binary);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(out), slurp(err)};
+}
+
+}  // namespace cli
+
+TEST_F(GgufModel, CliRunsAContainerExactlyAsItsDirectory) {
+  const fs::path a = tmp_->path() / "dir.npy", b = tmp_->path() / "gguf.npy";
+  const std::vector<std::string> common = {"--threads", "1", "-p", "Hello GGUF, 42 times!", "--logits-out"};
+  auto args = [&](const fs::path& model, const fs::path& out) {
+    std::vector<std::string> v = {"-m", model.string()};
+    v.insert(v.end(), common.begin(), common.end());
+    v.push_back(out.string());
+    return v;
+  };
+  const cli::Run r1 = cli::run("affinity", args(ckpt_, a), tmp_->path());
+  ASSERT_EQ(r1.rc, 0) << r1.err;
+  const cli::Run r2 = cli::run("affinity", args(lossless_, b), tmp_->path());
+  ASSERT_EQ(r2.rc, 0) << r2.err;
+  const std::string na = cli::slurp(a), nb = cli::slurp(b);
+  EXPECT_GT(na.size(), 1000u);
+  EXPECT_EQ(na, nb) << "logits files differ";
+
+  // Generation too: same greedy tokens.
+  const std::vector<std::string> gen = {"--threads", "1", "-p", "abc", "-n", "6", "--ignore-eos"};
+  auto with = [&](const fs::path& m) {
+    std::vector<std::string> v = {"-m", m.string()};
+    v.insert(v.end(), gen.begin(), gen.end());
+    return v;
+  };
+  const cli::Run g1 = cli::run("affinity", with(ckpt_), tmp_->path());
+  const cli::Run g2 = cli::run("affinity", with(lossless_), tmp_->path());
+  ASSERT_EQ(g1.rc, 0) << g1.err;
+  ASSERT_EQ(g2.rc, 0) << g2.err;
+  EXPECT_EQ(g1.out, g2.out);
+
+  // No tokenizer in the file: the error says to pass --tokenizer; passing it works.
+  const fs::path bare = tmp_->path() / "bare.gguf";
+  test::RewriteOptions strip;
+  for (std::string_view k : {format::dsv4_key::kTokenizerModel, format::dsv4_key::kTokenizerPre,
+                             format::dsv4_key::kTokenizerTokens, format::dsv4_key::kTokenizerTokenType,
+                             format::dsv4_key::kTokenizerMerges, dsv4::kGgufKeyTokenizerJson}) {
+    strip.drop_keys.emplace_back(k);
+  }
+  ASSERT_TRUE(test::rewrite_gguf(lossless_, bare, strip).is_ok());
+  const cli::Run e = cli::run("affinity", with(bare), tmp_->path());
+  EXPECT_EQ(e.rc, 1) << e.err;
+  EXPECT_NE(e.err.find("--tokenizer"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find(bare.string()), std::string::npos) << e.err;
+  std::vector<std::string> with_tok = with(bare);
+  with_tok.insert(with_tok.end(), {"--tokenizer", (ckpt_ / "tokenizer.json").string()});
+  const cli::Run ok = cli::run("affinity", with_tok, tmp_->path());
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_EQ(ok.out, g1.out);
 }
 
 }  // namespace
