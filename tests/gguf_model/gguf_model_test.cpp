@@ -19,6 +19,7 @@
 #include "model/dsv4/forward.h"
 #include "model/dsv4/load_gguf.h"
 #include "model/dsv4/loaded_model.h"
+#include "model/dsv4/model_summary.h"
 #include "model/dsv4/state.h"
 #include "model/dsv4/synthetic_checkpoint.h"
 #include "model/dsv4/tokenizer_gguf.h"
@@ -477,6 +478,86 @@ TEST_F(GgufModel, CliRunsAContainerExactlyAsItsDirectory) {
   const cli::Run ok = cli::run("affinity", with_tok, tmp_->path());
   EXPECT_EQ(ok.rc, 0) << ok.err;
   EXPECT_EQ(ok.out, g1.out);
+}
+
+// ---- aff-info ----------------------------------------------------------------
+
+TEST_F(GgufModel, SummaryCountsExpertsAndTypes) {
+  auto d = dsv4::summarize_model(ckpt_.string());
+  auto g = dsv4::summarize_model(lossless_.string());
+  ASSERT_TRUE(d.is_ok() && g.is_ok());
+  EXPECT_TRUE(d->problems.empty()) << d->problems.front();
+  EXPECT_TRUE(g->problems.empty()) << g->problems.front();
+  const ModelConfig& c = *g->config;
+  // One expert = gate + up [moe_inter, D] and down [D, moe_inter] in MXFP4:
+  // 17 bytes per 32 weights, in the checkpoint (packed I8 + E8M0) and the GGUF alike.
+  const uint64_t per_expert = 3 * uint64_t(c.moe_inter) * uint64_t(c.hidden_size) / 32 * 17;
+  ASSERT_EQ(g->expert_unit_bytes.size(), size_t(c.num_layers));
+  for (const auto& row : g->expert_unit_bytes) {
+    ASSERT_EQ(row.size(), size_t(c.n_routed_experts));
+    for (uint64_t b : row) EXPECT_EQ(b, per_expert);
+  }
+  EXPECT_EQ(d->expert_unit_bytes, g->expert_unit_bytes);
+  EXPECT_EQ(g->experts.bytes, per_expert * uint64_t(c.num_layers) * uint64_t(c.n_routed_experts));
+  EXPECT_EQ(g->experts.bytes, d->experts.bytes);
+  EXPECT_DOUBLE_EQ(double(g->experts.bytes) * 8 / double(g->experts.elements), 4.25);
+  // Stacked expert tensors: 3 per main layer plus 3 in the MTP block.
+  EXPECT_EQ(g->by_type.at("MXFP4").tensors, 3 * (c.num_layers + 1));
+  EXPECT_EQ(g->by_type.count("F8_E4M3"), 0u);
+  EXPECT_GT(d->by_type.at("F8_E4M3").tensors, 0);
+
+  // Placement: room for dense + KV + exactly 7 experts puts 7 in VRAM, the
+  // first expert of each of five layers and then two more, round-robin.
+  const int64_t ctx = 1000;
+  const uint64_t kv = dsv4::kv_state_bytes(c, ctx);
+  const uint64_t budget = g->dense.bytes + kv + 7 * per_expert + per_expert / 2;
+  const dsv4::Placement p = dsv4::plan_placement(*g, budget, ctx);
+  EXPECT_TRUE(p.dense_fits);
+  EXPECT_EQ(p.experts_vram, 7);
+  EXPECT_EQ(p.experts_ram, c.num_layers * c.n_routed_experts - 7);
+  EXPECT_EQ(p.expert_bytes_vram, 7 * per_expert);
+  const dsv4::Placement none = dsv4::plan_placement(*g, g->dense.bytes / 2, ctx);
+  EXPECT_FALSE(none.dense_fits);
+  EXPECT_EQ(none.experts_vram, 0);
+  // KV: window + compressed entries (+ indexer keys on CSA layers), 4 bytes each.
+  uint64_t want_kv = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int r = c.compress_ratio(l);
+    want_kv += uint64_t(c.sliding_window) * c.head_dim;
+    if (r) want_kv += uint64_t(ctx / r) * c.head_dim;
+    if (r == 4) want_kv += uint64_t(ctx / 4) * c.index_head_dim;
+  }
+  EXPECT_EQ(kv, 4 * want_kv);
+}
+
+TEST_F(GgufModel, AffInfoReportsAndExitsNonZeroOnProblems) {
+  cli::Run r = cli::run("aff-info", {lossless_.string(), "--gpu-mib", "64", "--ctx", "512"}, tmp_->path());
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  for (const char* needle : {"GGUF v3", "MXFP4", "BF16", "routed experts: 40 (5 layers x 8)", "4.250 bpw",
+                             "VRAM: dense", "RAM:  0 experts", "problems: none"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  }
+  r = cli::run("aff-info", {ckpt_.string()}, tmp_->path());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint directory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("F8_E4M3"), std::string::npos) << r.out;
+
+  // Too small a budget is a problem.
+  r = cli::run("aff-info", {lossless_.string(), "--gpu-mib", "1"}, tmp_->path());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("do not fit"), std::string::npos) << r.out;
+
+  // A missing tensor is a problem naming it.
+  const fs::path broken = tmp_->path() / "info_broken.gguf";
+  ASSERT_TRUE(test::rewrite_gguf(lossless_, broken, {.drop_tensors = {"blk.2.indexer.proj.weight"}}).is_ok());
+  r = cli::run("aff-info", {broken.string()}, tmp_->path());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("blk.2.indexer.proj.weight"), std::string::npos) << r.out;
+
+  // Usage errors exit 2.
+  EXPECT_EQ(cli::run("aff-info", {}, tmp_->path()).rc, 2);
+  EXPECT_EQ(cli::run("aff-info", {lossless_.string(), "--gpu-mib", "x"}, tmp_->path()).rc, 2);
+  EXPECT_EQ(cli::run("aff-info", {(tmp_->path() / "absent").string()}, tmp_->path()).rc, 1);
 }
 
 }  // namespace
