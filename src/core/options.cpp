@@ -57,8 +57,8 @@ OptionSpec real(std::string_view group, std::string_view long_name, std::string_
 
 OptionSpec text(std::string_view group, std::string_view short_name, std::string_view long_name,
                 std::string_view metavar, std::string Options::*member, std::string_view note,
-                std::string_view help, std::string_view env = {}) {
-  OptionSpec s = spec(group, short_name, long_name, metavar, OptionKind::kString, "", note, help, env);
+                std::string_view help, std::string_view env = {}, std::string_view def = {}) {
+  OptionSpec s = spec(group, short_name, long_name, metavar, OptionKind::kString, def, note, help, env);
   s.set_string = [member](Options& o, const std::string& v) { o.*member = v; };
   return s;
 }
@@ -72,6 +72,7 @@ OptionSpec ids(std::string_view group, std::string_view long_name, std::vector<i
 
 constexpr std::string_view kModel = "Model";
 constexpr std::string_view kGen = "Generation";
+constexpr std::string_view kServer = "Serving (without a prompt, affinity serves the OpenAI API)";
 constexpr std::string_view kPerf = "Performance";
 constexpr std::string_view kDiag = "Diagnostics (some of these deliberately produce output that is not the model's)";
 constexpr std::string_view kInfo = "Information";
@@ -106,6 +107,13 @@ std::vector<OptionSpec> build_table() {
            "Drop tokens less likely than F times the most likely one."),
       integer(kGen, "-s", "--seed", "N", &O::seed, "-1", "-1 = from the clock, printed to stderr", -1, 9.2e18,
               "Sampler seed; the same seed, prompt and settings give the same tokens."),
+      // Serving
+      text(kServer, "", "--host", "ADDR", &O::host, "127.0.0.1", "Address to listen on.", {}, "127.0.0.1"),
+      integer(kServer, "", "--port", "N", &O::port, "8080", "8080", 0, 65535, "Port to listen on; 0 picks a free one."),
+      integer(kServer, "", "--max-tokens-floor", "N", &O::max_tokens_floor, "256000", "256000", 0, 1e12,
+              "Raise a request's max_tokens to at least this. Reasoning and answer share one budget, so a small "
+              "hard-coded value truncates the reasoning and returns no answer. 0 honours the caller."),
+      integer(kServer, "", "--parallel", "N", &O::parallel, "1", "1", 1, 4, "Requests generated at once."),
       // Performance
       integer(kPerf, "", "--prefill-chunk-size", "N", &O::prefill_chunk_size, "1408", "1408", 1, kI32,
               "Tokens per forward call while prefilling. Does not change the logits."),
@@ -187,6 +195,16 @@ Status check_combinations(const Options& o) {
     return invalid_argument("--dump-tokens prints the ids of a text prompt; it cannot be used with --tokens");
   }
   if (o.dump_tokens && sources == 0) return invalid_argument("--dump-tokens needs a prompt (-p or --prompt-file)");
+  for (const char* f : {"--host", "--port", "--max-tokens-floor", "--parallel"}) {
+    if (sources > 0 && o.was_given(f)) {
+      return invalid_argument(fmt::format("{} configures the server, which runs only without a prompt", f));
+    }
+  }
+  if (sources == 0) {
+    for (const char* f : {"--force-tokens", "--logits-out", "--dump-logits", "--n-predict", "--ignore-eos", "--no-echo"}) {
+      if (o.was_given(f)) return invalid_argument(fmt::format("{} needs a prompt (-p, --prompt-file or --tokens)", f));
+    }
+  }
   if (o.was_given("--force-tokens") && o.force_tokens.empty()) return invalid_argument("--force-tokens is empty");
   if (o.dump_logits > 0 && !o.logits_out.empty()) {
     return invalid_argument("--dump-logits prints generated steps; --logits-out does not generate");
@@ -338,7 +356,8 @@ std::string options_help(std::string_view program) {
   constexpr size_t kLabelWidth = 30, kWidth = 100;
   std::string out = fmt::format(
       "usage: {} [options]\n\n"
-      "Runs a DeepSeek-V4 checkpoint on the CPU: generates text for a prompt, streaming it to stdout.\n"
+      "Runs a DeepSeek-V4 checkpoint on the CPU. With a prompt (-p, --prompt-file, --tokens) it streams the\n"
+      "generated text to stdout; without one it serves the OpenAI API over HTTP (--host, --port).\n"
       "Exit status: 0 success, 1 the model or an input file could not be used, 2 usage error.\n",
       program);
   std::string_view group;

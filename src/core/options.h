@@ -36,6 +36,11 @@ struct Options {
   float top_p;
   float min_p;
   int64_t seed;                 // -1 = from the clock
+  // Server (used when no prompt is given)
+  std::string host;
+  int port;
+  int64_t max_tokens_floor;
+  int parallel;
   // Performance
   int prefill_chunk_size;
   // Diagnostics

@@ -111,7 +111,8 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, UsageErrorsExitTwo) {
   const std::vector<std::vector<std::string>> cases = {
       {"--bogus"}, {"-n", "abc"}, {"-p", "x", "--temp"}, {"stray"}, {"--top-p", "2"},
-      {"--tokens", "1,x"}, {"-p", "a", "--tokens", "1"}, {}, {"--ignore-eos=yes"}};
+      {"--tokens", "1,x"}, {"-p", "a", "--tokens", "1"}, {"--ignore-eos=yes"},
+      {"-p", "a", "--port", "9"}, {"--logits-out", "x.npy"}};
   for (const auto& args : cases) {
     const RunResult r = run(args);
     EXPECT_EQ(r.rc, 2) << ::testing::PrintToString(args) << "\n" << r.err;
@@ -183,6 +184,14 @@ TEST_F(Cli, MissingTensorExitsOneNamingIt) {
   const RunResult r = run(with_model({"-p", "hi"}, dir));
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find(victim), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, BrokenConfigExitsOneNamingIt) {
+  const fs::path dir = copy_model("broken_config");
+  std::ofstream(dir / "config.json") << "{\"model_type\": \"deepseek_v4\", ";
+  const RunResult r = run(with_model({"-p", "hi"}, dir));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, MissingTokenizerExitsOneNamingIt) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include "core/options.h"
 #include "format/npy.h"
 #include "runtime/sampler.h"
+#include "server/http_server.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -179,6 +181,17 @@ int generate(const aff::core::Options& o, aff::Engine& engine, const std::vector
   return kExitOk;
 }
 
+int serve(const aff::core::Options& o, aff::Engine& engine) {
+  aff::server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.max_tokens_floor = o.max_tokens_floor;
+  so.max_sessions = o.parallel;
+  const aff::Status st = aff::server::run_server(engine, so);
+  if (!st.is_ok()) return failure(st.message());
+  return kExitOk;
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   auto parsed = aff::core::parse_options(args);
@@ -198,7 +211,6 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   const bool has_prompt = o.was_given("--prompt") || o.was_given("--prompt-file") || o.was_given("--tokens");
-  if (!has_prompt) return usage_error("no prompt: give -p TEXT, --prompt-file F or --tokens a,b,c");
 
   std::string text = o.prompt;
   if (o.was_given("--prompt-file")) {
@@ -225,6 +237,8 @@ int run(int argc, char** argv) {
                info.source.c_str(), static_cast<long long>(info.vocab_size),
                static_cast<long long>(info.max_context), seconds_since(t_load));
 
+  if (!has_prompt) return serve(o, *engine.value());
+
   auto prompt = prompt_ids(o, text, *engine.value());
   if (!prompt.is_ok()) return failure(prompt.status().message());
   const std::vector<int32_t>* lists[] = {&prompt.value(), &o.force_tokens};
@@ -245,4 +259,12 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run(argc, argv); }
+int main(int argc, char** argv) {
+  // Library code reports errors as Status; this is the last line of defence
+  // (e.g. allocation failure) so the process still exits with a message.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return failure(fmt::format("unexpected failure: {}", e.what()));
+  }
+}
