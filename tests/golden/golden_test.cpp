@@ -26,6 +26,11 @@ namespace fs = std::filesystem;
 
 constexpr double kMaxRelRms = 5e-3;
 constexpr double kMinTop1 = 0.99;
+// The CPU reference computes the oracle's float32 graph, so beyond the issue's
+// acceptance bound it should agree to float32 rounding (measured ~7e-7, the
+// same as the oracle's own float32-vs-float64 gap). A semantic slip that still
+// passes 5e-3 (say a wrong eps or one mis-selected compressed entry) fails here.
+constexpr double kFloat32RelRms = 1e-5;
 
 fs::path golden_root() { return fs::path(AFFINITY_TEST_DATA) / "golden"; }
 
@@ -145,6 +150,8 @@ TEST_P(GoldenTest, MatchesTransformersOneShotChunkedAndDecode) {
     std::printf("[golden] %s %-15s rel_rms %.3e top1 %.4f\n", GetParam().c_str(), m.name,
                 a.rel_rms, a.top1);
     EXPECT_LE(a.rel_rms, kMaxRelRms) << GetParam() << " " << m.name;
+    EXPECT_LE(a.rel_rms, kFloat32RelRms) << GetParam() << " " << m.name << ": within the "
+                                         << "acceptance bound but not float32-exact";
     EXPECT_GE(a.top1, kMinTop1) << GetParam() << " " << m.name;
   }
 }
