@@ -1,0 +1,119 @@
+#include "backend/cuda/cuda_forward.h"
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_layers.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/misc/misc.h"
+#include "backend/cuda/kernels/norm/norm.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+namespace {
+
+Status validate(const DeviceModel& model, const GpuState& state, std::span<const int32_t> tokens,
+                const dsv4::ForwardOptions& opts, int& n_layers) {
+  const dsv4::ModelConfig& cfg = model.config;
+  const int64_t T = int64_t(tokens.size());
+  if (T == 0) return invalid_argument("gpu forward: no tokens given");
+  if (state.n_past + T > state.max_positions)
+    return out_of_range("gpu forward: positions up to " + std::to_string(state.n_past + T) +
+                        " exceed the state's capacity of " + std::to_string(state.max_positions));
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= cfg.vocab_size)
+      return invalid_argument("gpu forward: token id " + std::to_string(tokens[size_t(t)]) + " at index " +
+                              std::to_string(t) + " is outside the vocabulary [0, " +
+                              std::to_string(cfg.vocab_size) + ")");
+  n_layers = cfg.num_layers;
+  if (opts.max_layers >= 0) n_layers = std::min(n_layers, opts.max_layers);
+  if (int(model.layers.size()) < n_layers || int(state.layers.size()) < n_layers)
+    return internal_error("gpu forward: model has fewer uploaded layers than configured");
+  return Status::ok();
+}
+
+// One chunk through embedding and the layers; leaves the streams in ws.h.
+Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_t> tokens, int n_layers,
+                  const dsv4::ForwardOptions& opts) {
+  const dsv4::ModelConfig& cfg = model.config;
+  const int64_t T = int64_t(tokens.size()), D = cfg.hidden_size, pos0 = st.n_past;
+  const float eps = float(cfg.rms_norm_eps);
+  cudaStream_t s = st.stream.get();
+  Workspace& ws = st.ws;
+  AFF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(ws.tokens.data(), tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, s));
+  float* h = ws.h.as<float>();
+  float* x = ws.x.as<float>();
+  float* y = ws.y.as<float>();
+  AFF_RETURN_IF_ERROR(embed_rows(model.embed, model.embed_format, ws.tokens.as<int32_t>(), T, D, cfg.hc_mult, h, s));
+  for (int l = 0; l < n_layers; ++l) {
+    const DeviceLayer& lw = model.layers[size_t(l)];
+    AFF_RETURN_IF_ERROR(gpu_hc_pre(model, lw.hc_attn, st, h, T, x));
+    AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, T, D, lw.attn_norm, eps, s));
+    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y));
+    AFF_RETURN_IF_ERROR(gpu_hc_post(model, st, y, T, h));
+
+    AFF_RETURN_IF_ERROR(gpu_hc_pre(model, lw.hc_ffn, st, h, T, x));
+    AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, T, D, lw.ffn_norm, eps, s));
+    AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
+    AFF_RETURN_IF_ERROR(gpu_hc_post(model, st, y, T, h));
+  }
+  st.n_past = pos0 + T;
+  return Status::ok();
+}
+
+// Final collapse, norm and head for rows [first, T) of ws.h into ws.logits.
+Status run_head(const DeviceModel& model, GpuState& st, int64_t first, int64_t T) {
+  const dsv4::ModelConfig& cfg = model.config;
+  const int64_t D = cfg.hidden_size, n_out = T - first;
+  cudaStream_t s = st.stream.get();
+  float* x = st.ws.x.as<float>();
+  AFF_RETURN_IF_ERROR(gpu_hc_head(model, st, st.ws.h.as<float>() + first * cfg.hc_mult * D, n_out, x));
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, n_out, D, model.norm, float(cfg.rms_norm_eps), s));
+  return gemv_f32(model.head, x, n_out, st.ws.logits.as<float>(), s);
+}
+
+}  // namespace
+
+Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const int32_t> tokens,
+                   bool all_positions, std::vector<float>& logits, const dsv4::ForwardOptions& opts) {
+  int n_layers = 0;
+  AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
+  const int64_t V = model.config.vocab_size;
+  logits.clear();
+  for (size_t i = 0; i < tokens.size(); i += size_t(state.max_chunk)) {
+    const size_t n = std::min(tokens.size() - i, size_t(state.max_chunk));
+    const bool last = i + n == tokens.size();
+    AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
+    if (!all_positions && !last) continue;
+    const int64_t first = all_positions ? 0 : int64_t(n) - 1;
+    AFF_RETURN_IF_ERROR(run_head(model, state, first, int64_t(n)));
+    const size_t base = logits.size(), count = size_t((int64_t(n) - first) * V);
+    logits.resize(base + count);
+    AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + base, state.ws.logits.data(), count * 4,
+                                             cudaMemcpyDeviceToHost, state.stream.get()));
+    AFF_RETURN_IF_ERROR(state.stream.synchronize());
+  }
+  return Status::ok();
+}
+
+Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, std::span<const int32_t> tokens,
+                                   const dsv4::ForwardOptions& opts) {
+  int n_layers = 0;
+  AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
+  size_t n = 0;
+  for (size_t i = 0; i < tokens.size(); i += n) {
+    n = std::min(tokens.size() - i, size_t(state.max_chunk));
+    AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
+  }
+  AFF_RETURN_IF_ERROR(run_head(model, state, int64_t(n) - 1, int64_t(n)));
+  cudaStream_t s = state.stream.get();
+  AFF_RETURN_IF_ERROR(argmax_rows(state.ws.logits.as<float>(), 1, model.config.vocab_size,
+                                  state.ws.argmax.as<int32_t>(), s));
+  int32_t id = 0;
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&id, state.ws.argmax.data(), 4, cudaMemcpyDeviceToHost, s));
+  AFF_RETURN_IF_ERROR(state.stream.synchronize());
+  return id;
+}
+
+}  // namespace aff::cuda

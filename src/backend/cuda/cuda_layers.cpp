@@ -1,0 +1,235 @@
+#include "backend/cuda/cuda_layers.h"
+
+#include <cmath>
+
+#include "backend/cuda/kernels/attention/attention.h"
+#include "backend/cuda/kernels/compressor/compressor.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/indexer/indexer.h"
+#include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/kernels/norm/norm.h"
+#include "backend/cuda/kernels/rope/rope.h"
+
+namespace aff::cuda {
+namespace {
+
+float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
+
+// m = fn . rmsnorm_unweighted(flatten(h)) into ws.mix: [T, fn.out].
+Status hc_mixes(const DeviceModel& m, const DeviceLinear& fn, GpuState& st, const float* h, int64_t T) {
+  const int64_t width = int64_t(m.config.hc_mult) * m.config.hidden_size;
+  cudaStream_t s = st.stream.get();
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(h, st.ws.z.as<float>(), T, width, nullptr, eps_of(m), s));
+  return gemv_f32(fn, st.ws.z.as<float>(), T, st.ws.mix.as<float>(), s);
+}
+
+// RoPE over the trailing rope_dim dims of rows of length `len`.
+RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool compressed, int rope_dim,
+                   int rows_per_pos, int64_t pos0, int64_t pos_step, bool inverse) {
+  RopeArgs r;
+  r.x = x;
+  r.rows = rows;
+  r.stride = len;
+  r.offset = len - rope_dim;
+  r.inv_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
+  r.half = rope_dim / 2;
+  r.rows_per_pos = rows_per_pos;
+  r.pos0 = pos0;
+  r.pos_step = pos_step;
+  r.inverse = inverse;
+  return r;
+}
+
+// Feeds x: [T, D] at [pos0, pos0 + T) to a compressor and finishes (norm,
+// RoPE) every entry the chunk completes.
+Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
+                      const float* x, int64_t T, int64_t pos0) {
+  cudaStream_t s = st.stream.get();
+  const int r = c.ratio, d = c.dim;
+  const int64_t width = (c.overlap ? 2 : 1) * int64_t(d);
+  float* kv = st.ws.comp_kv.as<float>();
+  float* gate = st.ws.comp_gate.as<float>();
+  AFF_RETURN_IF_ERROR(gemv_f32(c.wkv, x, T, kv, s));
+  AFF_RETURN_IF_ERROR(gemv_f32(c.wgate, x, T, gate, s));
+  const int64_t first = pos0 / r, n_after = (pos0 + T) / r;
+  if (n_after > cs.capacity) return internal_error("compressor: entry capacity exceeded");
+  CompressorPoolArgs p;
+  p.kv = kv, p.gate = gate, p.ape = c.ape;
+  p.ring_kv = cs.ring_kv.as<float>(), p.ring_gate = cs.ring_gate.as<float>();
+  p.pos0 = pos0, p.T = T, p.ratio = r, p.dim = d, p.overlap = c.overlap;
+  p.first_entry = first, p.n_new = n_after - first;
+  p.entries = cs.entries.as<float>();
+  AFF_RETURN_IF_ERROR(compressor_pool(p, s));
+  float* fresh = cs.entries.as<float>() + first * d;
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(fresh, fresh, p.n_new, d, c.norm, eps_of(m), s));
+  AFF_RETURN_IF_ERROR(
+      rope_f32(rope_rows(fresh, p.n_new, d, st, true, m.config.rope_dim, 1, first * r, r, false), s));
+  RingStoreArgs rs;
+  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.pos0 = pos0, rs.T = T, rs.width = width;
+  rs.src = kv;
+  AFF_RETURN_IF_ERROR(ring_store(rs, s));
+  rs.ring = cs.ring_gate.as<float>(), rs.src = gate, rs.add = c.ape, rs.period = r;
+  return ring_store(rs, s);
+}
+
+// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count.
+Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
+                      const float* x, const float* qr, int64_t T, int64_t pos0) {
+  const dsv4::ModelConfig& c = m.config;
+  cudaStream_t s = st.stream.get();
+  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0));
+  const int nh = c.index_n_heads, hd = c.index_head_dim;
+  AFF_RETURN_IF_ERROR(gemv_f32(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
+  AFF_RETURN_IF_ERROR(gemv_f32(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
+  AFF_RETURN_IF_ERROR(
+      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, pos0, 1, false), s));
+  const int64_t n_entries = (pos0 + T) / ix.compressor.ratio;
+  IndexerScoreArgs a;
+  a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
+  a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
+  a.T = T, a.pos0 = pos0, a.n_entries = n_entries, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
+  a.scores = st.ws.scores.as<float>();
+  AFF_RETURN_IF_ERROR(indexer_scores(a, s));
+  TopkArgs k;
+  k.scores = a.scores, k.ld = n_entries, k.T = T, k.pos0 = pos0, k.n_entries = n_entries;
+  k.ratio = ix.compressor.ratio, k.k = c.index_topk;
+  k.sel = st.ws.sel.as<int32_t>(), k.count = st.ws.sel_count.as<int32_t>();
+  return indexer_topk(k, s);
+}
+
+}  // namespace
+
+Status gpu_hc_pre(const DeviceModel& m, const DeviceHc& w, GpuState& st, const float* h, int64_t T, float* x) {
+  const dsv4::ModelConfig& c = m.config;
+  AFF_RETURN_IF_ERROR(hc_mixes(m, w.fn, st, h, T));
+  HcCoeffArgs a;
+  a.m = st.ws.mix.as<float>(), a.base = w.base, a.scale = w.scale, a.T = T, a.hc = c.hc_mult;
+  a.sinkhorn_iters = c.hc_sinkhorn_iters, a.eps = float(c.hc_eps);
+  a.pre = st.ws.pre.as<float>(), a.post = st.ws.post.as<float>(), a.comb = st.ws.comb.as<float>();
+  AFF_RETURN_IF_ERROR(hc_coeffs(a, st.stream.get()));
+  return hc_collapse(h, a.pre, T, c.hc_mult, c.hidden_size, x, st.stream.get());
+}
+
+Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T, float* h) {
+  return hc_expand(h, a, st.ws.post.as<float>(), st.ws.comb.as<float>(), T, m.config.hc_mult,
+                   m.config.hidden_size, st.stream.get());
+}
+
+Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T, float* y) {
+  const dsv4::ModelConfig& c = m.config;
+  AFF_RETURN_IF_ERROR(hc_mixes(m, m.hc_head.fn, st, h, T));
+  HcCoeffArgs a;
+  a.m = st.ws.mix.as<float>(), a.base = m.hc_head.base, a.scale = m.hc_head.scale, a.T = T, a.hc = c.hc_mult;
+  a.eps = float(c.hc_eps), a.head = true, a.pre = st.ws.pre.as<float>();
+  AFF_RETURN_IF_ERROR(hc_coeffs(a, st.stream.get()));
+  return hc_collapse(h, a.pre, T, c.hc_mult, c.hidden_size, y, st.stream.get());
+}
+
+Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
+                     float* out) {
+  const dsv4::ModelConfig& c = m.config;
+  const DeviceAttention& w = m.layers[size_t(l)].attn;
+  GpuLayerState& ls = st.layers[size_t(l)];
+  Workspace& ws = st.ws;
+  cudaStream_t s = st.stream.get();
+  const int H = c.num_heads, Dh = c.head_dim, rd = c.rope_dim;
+  const float eps = eps_of(m);
+  const bool compressed = c.compress_ratio(l) != 0;
+  if (T > st.max_chunk) return internal_error("attention: chunk larger than the workspace");
+
+  // Query path: q = per-head rmsnorm(wq_b(q_norm(wq_a x))), RoPE on the tail.
+  float* qr = ws.qr.as<float>();
+  float* q = ws.q.as<float>();
+  float* kv = ws.kv.as<float>();
+  AFF_RETURN_IF_ERROR(gemv_f32(w.wq_a, x, T, qr, s));
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
+  AFF_RETURN_IF_ERROR(gemv_f32(w.wq_b, qr, T, q, s));
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(q, q, T * H, Dh, nullptr, eps, s));
+  AFF_RETURN_IF_ERROR(gemv_f32(w.wkv, x, T, kv, s));
+  AFF_RETURN_IF_ERROR(rmsnorm_f32(kv, kv, T, Dh, w.kv_norm, eps, s));
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(q, T * H, Dh, st, compressed, rd, H, pos0, 1, false), s));
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(kv, T, Dh, st, compressed, rd, 1, pos0, 1, false), s));
+
+  AttentionArgs a;
+  if (compressed) {
+    if (!w.compressor.present) return internal_error("attention: compressed layer without a compressor");
+    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0));
+    a.entries = ls.kv.entries.as<float>();
+    a.n_entries = (pos0 + T) / w.compressor.ratio;
+    a.ratio = w.compressor.ratio;
+    a.mode = AttnEntries::kVisible;
+    if (w.indexer.present) {
+      AFF_RETURN_IF_ERROR(indexer_select(m, w.indexer, ls, st, x, qr, T, pos0));
+      a.mode = AttnEntries::kSelected;
+      a.sel = ws.sel.as<int32_t>(), a.sel_count = ws.sel_count.as<int32_t>(), a.sel_ld = c.index_topk;
+    }
+  }
+  a.q = q, a.kv = kv, a.ring = ls.window.as<float>(), a.sinks = w.attn_sink;
+  a.T = T, a.pos0 = pos0, a.H = H, a.Dh = Dh, a.W = c.sliding_window;
+  a.scale = 1.0f / std::sqrt(float(Dh));
+  a.out = ws.o.as<float>();
+  AFF_RETURN_IF_ERROR(attention_sparse(a, s));
+
+  // The ring keeps the newest W positions for later chunks (after attention read the old ones).
+  RingStoreArgs rs;
+  rs.src = kv, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.pos0 = pos0, rs.T = T;
+  rs.width = Dh;
+  AFF_RETURN_IF_ERROR(ring_store(rs, s));
+
+  // V carried RoPE on its tail: rotate back by the query's angle.
+  float* o = ws.o.as<float>();
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(o, T * H, Dh, st, compressed, rd, H, pos0, 1, true), s));
+
+  // Grouped low-rank output: group g's heads through rows [g*R, (g+1)*R) of wo_a.
+  const int G = c.o_groups;
+  const int64_t R = c.o_lora_rank, group_in = int64_t(H / G) * Dh;
+  if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
+  float* u = ws.u.as<float>();
+  for (int g = 0; g < G; ++g)
+    AFF_RETURN_IF_ERROR(gemv_rows_f32(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
+                                      u + g * R, G * R, s));
+  return gemv_f32(w.wo_b, u, T, out, s);
+}
+
+Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
+               bool no_routed, float* out) {
+  const dsv4::ModelConfig& c = m.config;
+  const DeviceMoe& w = m.layers[size_t(l)].ffn;
+  Workspace& ws = st.ws;
+  cudaStream_t s = st.stream.get();
+  const int k = c.n_experts_per_tok;
+  const float limit = float(c.swiglu_limit);
+  if (!no_routed) {
+    AFF_RETURN_IF_ERROR(gemv_f32(w.gate, x, T, ws.router_logits.as<float>(), s));
+    RouterArgs r;
+    r.logits = ws.router_logits.as<float>();
+    r.bias = w.tid2eid ? nullptr : w.gate_bias;
+    r.tid2eid = w.tid2eid, r.tokens = tokens;
+    r.T = T, r.E = c.n_routed_experts, r.k = k;
+    r.func = c.scoring_func == "sigmoid"   ? ScoreFunc::kSigmoid
+             : c.scoring_func == "softmax" ? ScoreFunc::kSoftmax
+                                           : ScoreFunc::kSqrtSoftplus;
+    r.scaling = float(c.routed_scaling_factor);
+    r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
+    AFF_RETURN_IF_ERROR(router_topk(r, s));
+    ExpertFfnArgs e;
+    e.slots = w.slots, e.format = w.expert_format, e.ids = r.ids, e.n_pairs = T * k, e.pairs_per_token = k;
+    e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
+    e.act = ws.act.as<float>(), e.y = ws.y_pairs.as<float>();
+    AFF_RETURN_IF_ERROR(expert_ffn(e, s));
+  }
+  const float* shared = nullptr;
+  if (w.has_shared) {
+    ExpertFfnArgs e;
+    e.slots = w.shared_slot, e.format = w.shared_format, e.ids = ws.zero_ids.as<int32_t>(), e.n_pairs = T;
+    e.pairs_per_token = 1, e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
+    e.act = ws.act.as<float>(), e.y = ws.y_shared.as<float>();
+    AFF_RETURN_IF_ERROR(expert_ffn(e, s));
+    shared = e.y;
+  }
+  return moe_combine(ws.route_w.as<float>(), ws.y_pairs.as<float>(), T, no_routed ? 0 : k, c.hidden_size,
+                     shared, out, s);
+}
+
+}  // namespace aff::cuda

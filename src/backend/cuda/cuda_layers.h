@@ -1,0 +1,36 @@
+// The V4 sublayers on the device, each the twin of a CPU reference function
+// (model/dsv4/{mhc,attention,compressor,indexer,moe}.h), reading and writing
+// device buffers on the state's stream. The forward pass chains them; the op
+// checker (check/op_check.h) runs each against its CPU twin.
+#pragma once
+
+#include <cstdint>
+
+#include "affinity/status.h"
+#include "backend/cuda/gpu_state.h"
+#include "backend/cuda/runtime/device_model.h"
+
+namespace aff::cuda {
+
+// hc_pre: x: [T, D] = sum_j pre_j h_j; leaves pre/post/comb in st.ws.
+//   h: [T, hc, D] device.
+Status gpu_hc_pre(const DeviceModel& m, const DeviceHc& w, GpuState& st, const float* h, int64_t T, float* x);
+
+// hc_post with the coefficients left by the last gpu_hc_pre: h <- post*a + comb^T h.
+Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T, float* h);
+
+// Final collapse (no Sinkhorn): y: [T, D] from h: [T, hc, D].
+Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T, float* y);
+
+// Attention of layer l over x: [T, D] (after attn_norm) at positions
+// [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
+// pos0 must equal the number of positions this layer has been fed.
+Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
+                     float* out);
+
+// MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
+// device ids (hash routing). no_routed: shared expert only.
+Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
+               bool no_routed, float* out);
+
+}  // namespace aff::cuda

@@ -1,0 +1,71 @@
+// Device-side decoding of the stored element types. Bit layouts match
+// src/core/dtype.h (the host's single home of them); decoding is exact.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/runtime/device_weights.h"
+
+namespace aff::cuda {
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+
+// OCP E4M3FN: bias 7, no infinities, 0x7F/0xFF NaN, exponent 0 subnormal (m * 2^-9).
+__device__ __forceinline__ float e4m3_to_f32_dev(uint32_t b) {
+  const uint32_t sign = (b & 0x80u) << 24;
+  const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
+  float v;
+  if (e == 0) {
+    v = float(m) * 0.001953125f;  // 2^-9
+  } else if (e == 15 && m == 7) {
+    return __uint_as_float(0x7fc00000u);
+  } else {
+    v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+  }
+  return __uint_as_float(__float_as_uint(v) | sign);
+}
+
+// E8M0: 2^(e-127); 0 -> 2^-127 (denormal), 255 -> NaN.
+__device__ __forceinline__ float e8m0_to_f32_dev(uint32_t e) {
+  if (e == 0) return __uint_as_float(0x00400000u);
+  if (e == 255) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float(e << 23);
+}
+
+// FP4 E2M1 code -> value: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}.
+__device__ __forceinline__ float e2m1_to_f32_dev(uint32_t c) {
+  const uint32_t mag = c & 7u;
+  // (mag < 2) subnormal: mag * 0.5; else (1 + m/2) * 2^(e-1) with e = mag >> 1, m = mag & 1.
+  float v = mag < 2 ? 0.5f * float(mag) : float(2 + (mag & 1u)) * float(1u << ((mag >> 1) - 1)) * 0.5f;
+  return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float load_scale(const DeviceLinear& w, int64_t i) {
+  switch (w.scale_type) {
+    case DevScale::kE8M0: return e8m0_to_f32_dev(w.scale[i]);
+    case DevScale::kF32: return reinterpret_cast<const float*>(w.scale)[i];
+    case DevScale::kBF16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.scale)[i]);
+    default: return 1.0f;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace aff::cuda

@@ -1,0 +1,28 @@
+// Dense weight times f32 activations for every stored format (FP8 block-scaled,
+// MXFP4, BF16, F16, F32), dequantised on the fly with f32 accumulation. Serves
+// decode (T = 1) and, for now, prefill (T tokens in tiles of kTokTile sharing
+// each weight read); tensor-core GEMM for prefill comes later behind the same
+// selection function.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "affinity/status.h"
+#include "backend/cuda/runtime/device_weights.h"
+
+namespace aff::cuda {
+
+// y rows [row_begin, row_end) of W x for T activation rows:
+//   x: T rows of w.in f32, row t at x + t*ldx (device);
+//   y: T rows of (row_end - row_begin) f32, row t at y + t*ldy (device).
+Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x,
+                     int64_t ldx, int64_t T, float* y, int64_t ldy, cudaStream_t stream);
+
+// y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
+inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {
+  return gemv_rows_f32(w, 0, w.out, x, w.in, T, y, w.out, stream);
+}
+
+}  // namespace aff::cuda

@@ -1,0 +1,71 @@
+// embed_f32_sm90: one thread per (token, channel). argmax_f32_sm90: one block
+// of 256 threads per row.
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/misc/misc.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+namespace {
+
+__global__ void embed_f32_sm90(const uint8_t* table, DevFormat format, const int32_t* tokens, int64_t T,
+                               int64_t D, int hc, float* h) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * D) return;
+  const int64_t t = i / D, d = i % D;
+  const int64_t src = int64_t(tokens[t]) * D + d;
+  float v;
+  if (format == DevFormat::kF32) v = reinterpret_cast<const float*>(table)[src];
+  else if (format == DevFormat::kBF16) v = bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(table)[src]);
+  else v = f16_bits_to_f32(reinterpret_cast<const uint16_t*>(table)[src]);
+  for (int j = 0; j < hc; ++j) h[(t * hc + j) * D + d] = v;
+}
+
+constexpr int kArgmaxThreads = 256;
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_f32_sm90(const float* x, int64_t n, int32_t* out) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int32_t si[kArgmaxThreads / 32];
+  const float* row = x + int64_t(blockIdx.x) * n;
+  float best = -INFINITY;
+  int32_t best_i = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (v > best) best = v, best_i = int32_t(i);  // strided in increasing i: ties keep the lower
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ov > best || (ov == best && oi < best_i)) best = ov, best_i = oi;
+  }
+  if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = best_i;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w)
+      if (sv[w] > best || (sv[w] == best && si[w] < best_i)) best = sv[w], best_i = si[w];
+    out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+  }
+}
+
+}  // namespace
+
+Status embed_rows(const uint8_t* table, DevFormat format, const int32_t* tokens, int64_t T, int64_t D,
+                  int hc, float* h, cudaStream_t stream) {
+  if (format != DevFormat::kF32 && format != DevFormat::kBF16 && format != DevFormat::kF16)
+    return unsupported("embedding: table format not supported on the GPU");
+  if (T * D == 0) return Status::ok();
+  embed_f32_sm90<<<unsigned((T * D + 255) / 256), 256, 0, stream>>>(table, format, tokens, T, D, hc, h);
+  return launch_status("embed_f32_sm90");
+}
+
+Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return Status::ok();
+  argmax_f32_sm90<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(x, n, out);
+  return launch_status("argmax_f32_sm90");
+}
+
+}  // namespace aff::cuda

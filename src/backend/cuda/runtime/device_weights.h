@@ -1,0 +1,43 @@
+// Weights as the CUDA kernels see them: plain structs of device pointers in the
+// stored formats (FP8 E4M3 + E8M0 block scales, MXFP4 + E8M0, BF16/F16/F32).
+// Nothing here is dequantised: kernels decode while they read. These structs
+// are passed to kernels by value, so they hold no owning members and include
+// nothing but <cstdint>.
+#pragma once
+
+#include <cstdint>
+
+namespace aff::cuda {
+
+enum class DevFormat : int32_t {
+  kF32,
+  kBF16,
+  kF16,
+  kFP8Block,  // weight E4M3 [out, in]; scale [ceil(out/block), ceil(in/block)]
+  kMXFP4,     // weight [out, in/2] (low nibble = even column); scale [out, in/32]
+};
+
+enum class DevScale : int32_t { kNone, kE8M0, kF32, kBF16 };
+
+// One 2-D weight [out, in] (row-major, rows = outputs).
+struct DeviceLinear {
+  const uint8_t* weight = nullptr;  // device address (or host-mapped, for a later tier engine)
+  const uint8_t* scale = nullptr;   // kFP8Block / kMXFP4 only
+  DevFormat format = DevFormat::kBF16;
+  DevScale scale_type = DevScale::kNone;
+  int64_t out = 0;
+  int64_t in = 0;
+  int32_t block = 128;       // kFP8Block tile edge
+  int64_t scale_cols = 0;    // columns of the scale matrix
+};
+
+// An expert is three weights; a layer's experts live in a table of slots
+// indexed by expert id. The table is what kernels read, so an expert can be
+// moved (VRAM <-> pinned host memory) by rewriting its slot and nothing else.
+struct ExpertSlot {
+  DeviceLinear w1;  // gate [moe_inter, D]
+  DeviceLinear w3;  // up   [moe_inter, D]
+  DeviceLinear w2;  // down [D, moe_inter]
+};
+
+}  // namespace aff::cuda
