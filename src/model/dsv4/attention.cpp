@@ -17,7 +17,6 @@ namespace aff::dsv4 {
 void attention_forward(const ModelConfig& cfg, const AttentionWeights& w, int layer,
                        const State& state, LayerState& st, const float* x, int64_t T,
                        int64_t pos0, float* out) {
-  const int64_t D = cfg.hidden_size;
   const int H = cfg.num_heads, Dh = cfg.head_dim, rope_dim = cfg.rope_dim;
   const int64_t W = cfg.sliding_window;
   const float eps = float(cfg.rms_norm_eps);
@@ -127,7 +126,6 @@ void attention_forward(const ModelConfig& cfg, const AttentionWeights& w, int la
     ref::linear_rows(w.wo_a, g * R, (g + 1) * R, o.data() + g * group_in, int64_t(H) * Dh, T,
                      u.data() + g * R, G * R);
   ref::linear(w.wo_b, u.data(), T, out);
-  (void)D;
 }
 
 }  // namespace aff::dsv4
