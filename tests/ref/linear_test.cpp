@@ -100,6 +100,9 @@ Stored make(WeightFormat f, int64_t out, int64_t in, int block, std::mt19937_64&
       s.lin.scale = view_of(s.s, DType::kF8E8M0, {out, in / 32});
       break;
     }
+    case WeightFormat::kGgml:  // ggml block rows are the quant codec's to test
+      ADD_FAILURE() << "make() does not generate ggml weights";
+      break;
   }
   return s;
 }
