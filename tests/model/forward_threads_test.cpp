@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <random>
 
+#include "backend/ref/vec.h"
 #include "model/dsv4/forward.h"
 #include "random_model.h"
 
@@ -30,6 +31,7 @@ TEST(ForwardThreads, OneAndTwoThreadsGiveIdenticalLogits) {
   ASSERT_NE(model, nullptr);
   std::vector<int32_t> tokens(300);
   for (auto& t : tokens) t = int32_t(rng() % uint64_t(cfg.vocab_size));
+  ref::adapt_threads_to_load();  // once per thread: must not undo the settings below
   const int saved = omp_get_max_threads();
   const int saved_dyn = omp_get_dynamic();
   omp_set_dynamic(0);
