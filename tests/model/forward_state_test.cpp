@@ -137,6 +137,16 @@ TEST(Forward, DebugOptionsChangeTheComputation) {
   all_layers.max_layers = cfg.num_layers;
   EXPECT_LE(max_rel_diff(run(*model, tokens, 0, all_layers), full), 1e-7);
   EXPECT_LE(max_rel_diff(run(*model, tokens, 5, two_layers), a), 1e-5);
+
+  // Changing max_layers mid-sequence would leave skipped layers without history.
+  auto st = make_state(*model, 64);
+  std::vector<float> logits;
+  ASSERT_TRUE(forward(*model, *st, std::span(tokens).first(5), false, logits, two_layers).is_ok());
+  const Status s = forward(*model, *st, std::span(tokens).subspan(5, 3), false, logits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("max_layers"), std::string::npos) << s.message();
+  state_reset(*st);
+  EXPECT_TRUE(forward(*model, *st, std::span(tokens).first(5), false, logits).is_ok());
 }
 
 TEST(Forward, RejectsBadTokensAndOverflow) {

@@ -64,6 +64,11 @@ Status forward(const LoadedModel& model, State& state, std::span<const int32_t> 
   if (opts.max_layers >= 0) n_layers = std::min(n_layers, opts.max_layers);
   if (int(wts.layers.size()) < n_layers || state.n_layers < n_layers)
     return internal_error("forward: model has fewer bound layers than configured");
+  // Layers skipped by an earlier call have no history for later positions.
+  if (state.n_past > 0 && state.layers_run != n_layers)
+    return invalid_argument("forward: this sequence ran " + std::to_string(state.layers_run) +
+                            " layers so far; max_layers must stay the same until state_reset");
+  state.layers_run = n_layers;
 
   std::vector<float> h(size_t(T * hc * D)), x(size_t(T * D)), y(size_t(T * D));
   embed_tokens(cfg, wts, tokens, h.data());

@@ -28,6 +28,7 @@ int64_t state_n_past(const State& state) { return state.n_past; }
 
 void state_reset(State& state) {
   state.n_past = 0;
+  state.layers_run = -1;
   for (LayerState& l : state.layers) {
     std::fill(l.window.begin(), l.window.end(), 0.0f);
     l.kv_comp.reset();

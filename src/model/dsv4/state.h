@@ -23,6 +23,7 @@ class State {
   int64_t n_past = 0;          // tokens processed so far (= next position)
   int64_t max_positions = 0;   // capacity asked for at make_state
   int n_layers = 0;            // layers whose state is kept (all of the model's)
+  int layers_run = -1;         // layers the sequence has run through (max_layers); -1 = none yet
   std::vector<LayerState> layers;
   std::vector<float> rope_main;      // inverse frequencies of sliding-only layers [rope_dim/2]
   std::vector<float> rope_compress;  // of compressed layers (YaRN when configured) [rope_dim/2]
