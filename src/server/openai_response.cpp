@@ -110,6 +110,9 @@ std::vector<Json> ChatResponseBuilder::push(std::string_view text) {
 }
 
 const char* ChatResponseBuilder::finish_reason(FinishReason gen) const {
+  // A reply cut by max_tokens is "length" even if a tool call had begun: the
+  // call may be incomplete, and clients must not execute it as if it were whole.
+  if (gen == FinishReason::kLength) return "length";
   if (parser_.saw_tool_calls()) return "tool_calls";
   if (stop_.stopped()) return "stop";
   return gen == FinishReason::kLength ? "length" : "stop";

@@ -196,5 +196,14 @@ TEST(ChatResponse, LengthAndInvalidUtf8) {
   EXPECT_NE(dumped.find("abc"), std::string::npos);
 }
 
+TEST(ChatResponse, ToolCallCutByLengthReportsLength) {
+  // max_tokens ran out inside a tool call: the call is incomplete, so the reply
+  // must not claim finish_reason "tool_calls".
+  ChatResponseBuilder b("id", "m", 1, false, {});
+  b.push("Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">q");
+  Json r = b.finish_response(FinishReason::kLength, {});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+}
+
 }  // namespace
 }  // namespace aff::server
