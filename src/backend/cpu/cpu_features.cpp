@@ -34,6 +34,7 @@ CpuFeatures detect() {
   const bool tile_saved = (xcr0 & 0x60000) == 0x60000;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const bool avx2 = (b >> 5) & 1;
+  const bool bmi2 = (b >> 8) & 1;
   const bool avx512f = (b >> 16) & 1;
   const bool avx512bw = (b >> 30) & 1;
   const bool avx512vl = (b >> 31) & 1;
@@ -41,7 +42,7 @@ CpuFeatures detect() {
   const bool amx_tile = (d >> 24) & 1;
   const bool amx_int8 = (d >> 25) & 1;
   f.avx2 = ymm_saved && avx2 && fma && f16c;
-  f.avx512 = f.avx2 && zmm_saved && avx512f && avx512bw && avx512vl;
+  f.avx512 = f.avx2 && bmi2 && zmm_saved && avx512f && avx512bw && avx512vl;
   f.avx512_vnni = f.avx512 && vnni;
   f.amx_int8 = tile_saved && amx_tile && amx_int8;
   return f;

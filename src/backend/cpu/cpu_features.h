@@ -9,7 +9,7 @@ namespace aff::cpu {
 
 struct CpuFeatures {
   bool avx2 = false;        // AVX2 + FMA + F16C, with OS-saved YMM state
-  bool avx512 = false;      // AVX-512 F/BW/VL, with OS-saved ZMM state
+  bool avx512 = false;      // AVX-512 F/BW/VL (+BMI2), with OS-saved ZMM state
   bool avx512_vnni = false; // AVX-512 VNNI (vpdpbusd)
   bool amx_int8 = false;    // AMX tiles with int8 (reported only; no AMX kernels yet)
 };

@@ -10,7 +10,7 @@
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,bmi2")
 // GCC 12 flags the deliberately undefined upper halves inside its own intrinsics.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -75,28 +75,38 @@ float dot_q4k(const BlockQ4K* w, const ActQ8K* a, int64_t nb) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   // Low 256 bits keep the low nibbles, high 256 bits get the high nibbles.
   const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  // Step k covers sub-blocks 2k (dot lanes 0-7) and 2k+1 (lanes 8-15).
+  __m512i scale_idx[4];
+  for (int k = 0; k < 4; ++k) {
+    scale_idx[k] =
+        _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(2 * k), _mm512_set1_epi32(2 * k + 1));
+  }
   __m512 acc = _mm512_setzero_ps();
-  float acc_min = 0.0f;
+  __m256 acc_min = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = f16(w[b].d) * a[b].d;
-    const float dmin = f16(w[b].dmin) * a[b].d;
-    int sc[8], m[8];
-    for (int j = 0; j < 8; ++j) q4k_scale_min(w[b].scales, j, &sc[j], &m[j]);
-    int summ = 0;
-    for (int j = 0; j < 8; ++j) summ += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-    acc_min += dmin * float(summ);
+    uint64_t sc, mn;
+    q4k_unpack_scales(w[b].scales, &sc, &mn);
+    const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc)));
+    // The mins: sum_j m_j * (bsums[2j] + bsums[2j+1]), kept as 8 lanes until the end.
+    const __m128i m8 = _mm_cvtsi64_si128(int64_t(mn));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                              acc_min);
+    __m512i sumi = _mm512_setzero_si512();
     for (int k = 0; k < 4; ++k) {
       // Sub-blocks 2k (low nibbles) and 2k+1 (high nibbles) of the same 32 bytes; their
       // 64 activations are contiguous.
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k));
-      const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+      const __m512i qq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k)));
       const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4);
       const __m512i x = _mm512_loadu_si512(a[b].qs + 64 * k);
+      // |dot| <= 4*15*127 < 2^15: exact as i16, so vpdpwssd applies the 6-bit scale.
       const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4, x);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), split_ps(d * float(sc[2 * k]), d * float(sc[2 * k + 1])), acc);
+      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(scale_idx[k], sc32));
     }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d), _mm512_cvtepi32_ps(sumi), acc);
   }
-  return _mm512_reduce_add_ps(acc) - acc_min;
+  return _mm512_reduce_add_ps(acc) - hsum256(acc_min);
 }
 
 float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
@@ -112,59 +122,81 @@ float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
     lane_sub[c] = _mm512_load_si512(idx);
   }
   __m512 acc = _mm512_setzero_ps();
-  float acc_min = 0.0f;
+  __m256 acc_min = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = f16(w[b].d) * a[b].d;
-    const float dmin = f16(w[b].dmin) * a[b].d;
     const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales));
-    const __m512i s32 = _mm512_cvtepu8_epi32(s8);
-    const __m512 scf = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_and_si512(s32, _mm512_set1_epi32(15))));
-    const __m512i mins = _mm512_srli_epi32(s32, 4);
-    const __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums)));
-    acc_min += dmin * float(_mm512_reduce_add_epi32(_mm512_mullo_epi32(mins, bs)));
+    const __m512i sc32 = _mm512_and_si512(_mm512_cvtepu8_epi32(s8), _mm512_set1_epi32(15));
+    // The mins: sum_i (scales[i] >> 4) * bsums[i], kept as 8 lanes until the end.
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(15)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                              acc_min);
+    __m512i sumi = _mm512_setzero_si512();
     for (int n = 0; n < 2; ++n) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n));
-      const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+      const __m512i qq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n)));
       for (int jj = 0; jj < 2; ++jj) {
         // Shifts 2*(2jj) and 2*(2jj+1): elements 128n + 64jj .. +64, contiguous in x.
         const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(qq, jj ? shift23 : shift01), m3);
         const __m512i x = _mm512_loadu_si512(a[b].qs + 128 * n + 64 * jj);
+        // |dot| <= 4*3*127 < 2^15: exact as i16, so vpdpwssd applies the 4-bit scale.
         const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q2, x);
-        const __m512 sv = _mm512_permutexvar_ps(lane_sub[2 * n + jj], scf);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc);
+        sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(lane_sub[2 * n + jj], sc32));
       }
     }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d), _mm512_cvtepi32_ps(sumi), acc);
   }
-  return _mm512_reduce_add_ps(acc) - acc_min;
+  return _mm512_reduce_add_ps(acc) - hsum256(acc_min);
+}
+
+// Eight 7-bit IQ2 sign indices (bits 0..27 of s0 and s1, four each) -> a 64-bit mask,
+// bit e set when element e of these 64 is negative. Each index is the low 7 bits of a
+// sign byte whose bit 7 makes the parity even (ggml's ksigns_iq2xs), so the table
+// lookup becomes a bit deposit plus a per-byte parity fold: ~12 ALU ops, no loads.
+inline uint64_t iq2_sign_mask(uint32_t s0, uint32_t s1) {
+  const uint64_t bits = uint64_t(s0 & 0x0fffffffu) | (uint64_t(s1 & 0x0fffffffu) << 28);
+  const uint64_t b = _pdep_u64(bits, 0x7f7f7f7f7f7f7f7full);
+  uint64_t p = b ^ (b >> 4);  // bit 0 of each byte ends up as the xor of that byte's bits
+  p ^= p >> 2;
+  p ^= p >> 1;
+  return b | ((p & 0x0101010101010101ull) << 7);
+}
+
+// Two grid rows (8 bytes each) in one XMM.
+inline __m128i grid2(const uint64_t* grid, unsigned i0, unsigned i1) {
+  return _mm_insert_epi64(_mm_cvtsi64_si128(int64_t(grid[i0])), int64_t(grid[i1]), 1);
 }
 
 float dot_iq2xxs(const BlockIq2Xxs* w, const ActQ8K* a, int64_t nb) {
+  const uint64_t* grid = quant::kIq2xxsGrid;
+  // Dword lane 2g+1 of a block's 64 code bytes holds group g's sign word (scale in bits
+  // 28..31). Step k covers groups 2k (lanes 0-7 of the dot) and 2k+1 (lanes 8-15).
+  __m512i scale_idx[4];
+  for (int k = 0; k < 4; ++k) {
+    scale_idx[k] = _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(4 * k + 1),
+                                           _mm512_set1_epi32(4 * k + 3));
+  }
   __m512 acc = _mm512_setzero_ps();
-  const auto& grid = quant::kIq2xxsGrid;
-  const auto& signs = quant::kSignsIq2xs;
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = f16(w[b].d) * a[b].d * 0.125f;
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(w[b].qs);
+    const __m512i words = _mm512_loadu_si512(q);
+    // 2*scale+1 per group, <= 31, in the low half of each dword (high half zero).
+    const __m512i sc = _mm512_srli_epi32(words, 28);
+    const __m512i sc21 = _mm512_add_epi32(_mm512_add_epi32(sc, sc), _mm512_set1_epi32(1));
     __m512i sumi = _mm512_setzero_si512();
-    for (int ib = 0; ib < 8; ib += 2) {
-      const uint32_t g0 = load_u32(w[b].qs + 4 * ib), s0 = load_u32(w[b].qs + 4 * ib + 2);
-      const uint32_t g1 = load_u32(w[b].qs + 4 * ib + 4), s1 = load_u32(w[b].qs + 4 * ib + 6);
-      const __m512i gv = _mm512_set_epi64(
-          int64_t(grid[g1 >> 24]), int64_t(grid[(g1 >> 16) & 255]), int64_t(grid[(g1 >> 8) & 255]),
-          int64_t(grid[g1 & 255]), int64_t(grid[g0 >> 24]), int64_t(grid[(g0 >> 16) & 255]),
-          int64_t(grid[(g0 >> 8) & 255]), int64_t(grid[g0 & 255]));
-      uint64_t neg = 0;  // bit e set: element e of these 64 is negative
-      for (int l = 0; l < 4; ++l) {
-        neg |= uint64_t(signs[(s0 >> (7 * l)) & 127]) << (8 * l);
-        neg |= uint64_t(signs[(s1 >> (7 * l)) & 127]) << (32 + 8 * l);
-      }
-      const __m512i x = _mm512_loadu_si512(a[b].qs + 32 * ib);
-      const __m512i xs = _mm512_mask_sub_epi8(x, __mmask64(neg), _mm512_setzero_si512(), x);
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* g = q + 16 * k;
+      const __m256i lo = _mm256_set_m128i(grid2(grid, g[2], g[3]), grid2(grid, g[0], g[1]));
+      const __m256i hi = _mm256_set_m128i(grid2(grid, g[10], g[11]), grid2(grid, g[8], g[9]));
+      const __m512i gv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __mmask64 neg = iq2_sign_mask(load_u32(g + 4), load_u32(g + 12));
+      const __m512i x = _mm512_loadu_si512(a[b].qs + 64 * k);
+      const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+      // |dot| <= 4*43*127 < 2^15, so the i32 lanes are exact i16 values and vpdpwssd
+      // against the (scale, 0) word pairs applies the group scale and accumulates.
       const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs);
-      const __m512i scale = _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(int(2 * (s0 >> 28) + 1)),
-                                                    _mm512_set1_epi32(int(2 * (s1 >> 28) + 1)));
-      sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, scale));
+      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(scale_idx[k], sc21));
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d * 0.125f), _mm512_cvtepi32_ps(sumi), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }

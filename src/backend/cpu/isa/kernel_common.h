@@ -25,6 +25,20 @@ namespace {
   }
 }
 
+// All eight Q4_K scales and mins at once, one byte each (sub-block j in byte j): the
+// 12 packed bytes read as three little-endian words, so four sub-blocks decode per op.
+[[maybe_unused]] inline void q4k_unpack_scales(const uint8_t* s, uint64_t* sc, uint64_t* m) {
+  uint32_t u0, u1, u2;
+  std::memcpy(&u0, s, 4);
+  std::memcpy(&u1, s + 4, 4);
+  std::memcpy(&u2, s + 8, 4);
+  const uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+  *sc = uint64_t(sc_lo) | (uint64_t(sc_hi) << 32);
+  *m = uint64_t(m_lo) | (uint64_t(m_hi) << 32);
+}
+
 // ggml's MXFP4 "half" E8M0 decode, 2^(e-128), as a table.
 struct Mxfp4Scales {
   float v[256];
