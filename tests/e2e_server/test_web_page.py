@@ -8,13 +8,14 @@ def test_page_streams_a_reply(base_url):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (apt python3-selenium)")
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         pytest.skip("headless Chromium not available (apt install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service  # present in every selenium 4.x
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     opts = webdriver.ChromeOptions()
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         opts.add_argument(a)
-    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+    service = Service(executable_path=shutil.which("chromedriver"))
     driver = webdriver.Chrome(options=opts, service=service)
     try:
         driver.get(base_url + "/")
