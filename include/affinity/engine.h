@@ -14,6 +14,9 @@
 namespace aff {
 
 class Tokenizer;
+namespace dsv4 {
+struct LoadedModel;
+}
 
 struct EngineOptions {
   std::string model_path;       // checkpoint directory; empty = the embedded default model
@@ -64,6 +67,9 @@ class Engine {
   virtual const Tokenizer& tokenizer() const = 0;
   // max_positions: 0 = info().max_context; larger values are clamped to it.
   virtual std::unique_ptr<Session> new_session(int64_t max_positions = 0) = 0;
+  // The model as the CPU reference backend sees it, for model-level tools
+  // (perplexity with the MTP head, routing statistics); null if there is none.
+  virtual const dsv4::LoadedModel* reference_model() const { return nullptr; }
 };
 
 // Draws the next token from a logits row. Filters apply in the order

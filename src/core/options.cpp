@@ -75,6 +75,7 @@ constexpr std::string_view kGen = "Generation";
 constexpr std::string_view kServer = "Serving (without a prompt, affinity serves the OpenAI API)";
 constexpr std::string_view kPerf = "Performance";
 constexpr std::string_view kDiag = "Diagnostics (some of these deliberately produce output that is not the model's)";
+constexpr std::string_view kEval = "Evaluation (teacher-forced statistics of a text file; nothing is generated)";
 constexpr std::string_view kInfo = "Information";
 
 std::vector<OptionSpec> build_table() {
@@ -98,7 +99,8 @@ std::vector<OptionSpec> build_table() {
       integer(kGen, "-n", "--n-predict", "N", &O::n_predict, "32", "32", 0, kI32, "Tokens to generate."),
       flag(kGen, "", "--ignore-eos", &O::ignore_eos, "Keep generating past EOS."),
       flag(kGen, "", "--no-echo", &O::no_echo, "Do not echo the prompt before the generated text."),
-      flag(kGen, "", "--no-bos", &O::no_bos, "Do not prepend BOS to a text prompt."),
+      flag(kGen, "", "--no-bos", &O::no_bos,
+           "Do not prepend BOS to a text prompt (with --perplexity: to each chunk, which are then plain slices)."),
       real(kGen, "--temp", "F", &O::temp, "0", "0, greedy", 0, 100, "Sampling temperature; 0 picks the argmax."),
       integer(kGen, "", "--top-k", "N", &O::top_k, "0", "0 = off", 0, kI32, "Keep the N most likely tokens."),
       real(kGen, "--top-p", "F", &O::top_p, "1.0", "1.0 = off", 1e-9, 1,
@@ -130,6 +132,20 @@ std::vector<OptionSpec> build_table() {
               "Run only the first N layers."),
       flag(kDiag, "", "--no-routed-experts", &O::no_routed_experts,
            "Skip the routed experts (shared expert only) to isolate the dense path."),
+      // Evaluation
+      text(kEval, "", "--perplexity", "F", &O::perplexity, "",
+           "Score the text file F teacher-forced in chunks of --ppl-context positions, each from a fresh state "
+           "with BOS at its start: NLL, perplexity and top-1 of the next token, the same for the MTP head's "
+           "token after next, and how often the MTP draft equals the main model's greedy token. Prints a table "
+           "and exits."),
+      text(kEval, "", "--route-stats", "F", &O::route_stats, "",
+           "Run the text file F (chunked as for --perplexity) and print, per MoE layer, the share of expert "
+           "activations taken by the busiest 10% of experts and the reuse-distance histogram (tokens since the "
+           "chosen expert was last used in the layer), then exit."),
+      integer(kEval, "", "--ppl-context", "N", &O::ppl_context, "1024", "1024, the tiny model's trained context", 2,
+              1e12, "Positions per chunk for --perplexity and --route-stats (BOS included)."),
+      text(kEval, "", "--json-out", "F", &O::json_out, "",
+           "Also write the --perplexity / --route-stats results to F as JSON."),
       // Information
       flag(kInfo, "-h", "--help", &O::help, "Print this help and exit."),
       flag(kInfo, "", "--help-md", &O::help_md, "Print this table as Markdown (docs/config.md) and exit."),
@@ -203,6 +219,20 @@ Status check_combinations(const Options& o) {
   if (sources == 0) {
     for (const char* f : {"--force-tokens", "--logits-out", "--dump-logits", "--n-predict", "--ignore-eos", "--no-echo"}) {
       if (o.was_given(f)) return invalid_argument(fmt::format("{} needs a prompt (-p, --prompt-file or --tokens)", f));
+    }
+  }
+  const bool evaluating = o.was_given("--perplexity") || o.was_given("--route-stats");
+  if (evaluating && sources > 0) {
+    return invalid_argument("--perplexity and --route-stats read their own text file; drop the prompt");
+  }
+  for (const char* f : {"--ppl-context", "--json-out"}) {
+    if (!evaluating && o.was_given(f)) return invalid_argument(fmt::format("{} needs --perplexity or --route-stats", f));
+  }
+  if (evaluating) {
+    for (const char* f : {"--host", "--port", "--max-tokens-floor", "--parallel"}) {
+      if (o.was_given(f)) {
+        return invalid_argument(fmt::format("{} configures the server; it cannot be used with --perplexity", f));
+      }
     }
   }
   if (o.was_given("--force-tokens") && o.force_tokens.empty()) return invalid_argument("--force-tokens is empty");

@@ -50,6 +50,11 @@ struct Options {
   int dump_logits;
   int max_layers;               // 0 = all
   bool no_routed_experts;
+  // Evaluation
+  std::string perplexity;       // text file to score
+  std::string route_stats;      // text file whose expert routing is summarised
+  int64_t ppl_context;
+  std::string json_out;
   // Informational
   bool help;
   bool help_md;

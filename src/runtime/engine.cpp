@@ -96,6 +96,7 @@ class DsV4Engine final : public Engine {
     const int64_t n = max_positions > 0 ? std::min(max_positions, info_.max_context) : info_.max_context;
     return std::make_unique<DsV4Session>(*model_, opts_, n);
   }
+  const dsv4::LoadedModel* reference_model() const override { return model_.get(); }
 
  private:
   EngineOptions opts_;

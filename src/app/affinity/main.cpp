@@ -12,10 +12,13 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "affinity/engine.h"
 #include "core/options.h"
 #include "format/npy.h"
+#include "runtime/perplexity.h"
+#include "runtime/route_stats.h"
 #include "runtime/sampler.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer.h"
@@ -181,6 +184,75 @@ int generate(const aff::core::Options& o, aff::Engine& engine, const std::vector
   return kExitOk;
 }
 
+aff::Result<std::vector<int32_t>> read_text_ids(const std::string& path, const aff::Engine& engine) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return aff::not_found(fmt::format("cannot read text file '{}'", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  // The text's own special-token strings (e.g. a BOS per document) count; none is added.
+  return engine.tokenizer().encode(ss.str(), /*parse_special=*/true);
+}
+
+// --perplexity and --route-stats: one pass over the text when both name the same file.
+int evaluate(const aff::core::Options& o, aff::Engine& engine) {
+  const aff::dsv4::LoadedModel* model = engine.reference_model();
+  if (model == nullptr) return failure("--perplexity and --route-stats need the CPU reference model");
+  if (o.ppl_context > engine.info().max_context) {
+    return failure(fmt::format("--ppl-context {} exceeds the context of {} positions (--ctx-size)", o.ppl_context,
+                               engine.info().max_context));
+  }
+  struct Pass {
+    std::string file;
+    bool ppl = false, routes = false;
+  };
+  std::vector<Pass> passes;
+  if (!o.perplexity.empty()) passes.push_back({o.perplexity, true, o.route_stats == o.perplexity});
+  if (!o.route_stats.empty() && o.route_stats != o.perplexity) passes.push_back({o.route_stats, false, true});
+
+  nlohmann::json json = nlohmann::json::object();
+  for (const Pass& pass : passes) {
+    auto ids = read_text_ids(pass.file, engine);
+    if (!ids.is_ok()) return failure(ids.status().message());
+    aff::runtime::PerplexityOptions po;
+    po.context = o.ppl_context;
+    po.bos_each_chunk = !o.no_bos;
+    po.bos_id = engine.info().bos_id;
+    po.batch = o.prefill_chunk_size;
+    po.score = pass.ppl;
+    po.max_layers = o.max_layers > 0 ? o.max_layers : -1;
+    po.no_routed_experts = o.no_routed_experts;
+    aff::runtime::RouteStatsRecorder recorder(model->config);
+    if (pass.routes) po.route_observer = &recorder.observer();
+    const bool tty = isatty(fileno(stderr));
+    po.progress = [&](int64_t done, int64_t total) {
+      if (tty) std::fprintf(stderr, "\raffinity: chunk %lld/%lld", static_cast<long long>(done), static_cast<long long>(total));
+    };
+    auto rep = aff::runtime::evaluate_perplexity(*model, ids.value(), po);
+    if (tty) std::fprintf(stderr, "\n");
+    if (!rep.is_ok()) return failure(fmt::format("{}: {}", pass.file, rep.status().message()));
+    const aff::runtime::PerplexityReport& r = rep.value();
+    std::fprintf(stderr, "affinity: %s: %lld positions in %.2f s (%s tok/s)\n", pass.file.c_str(),
+                 static_cast<long long>(r.positions), r.seconds, rate(size_t(r.positions), r.seconds).c_str());
+    if (pass.ppl) {
+      write_out(aff::runtime::perplexity_table(r));
+      json["perplexity"] = aff::runtime::perplexity_json(r);
+      json["perplexity"]["file"] = pass.file;
+    }
+    if (pass.routes) {
+      const auto layers = recorder.layers();
+      write_out(aff::runtime::route_stats_table(layers));
+      json["route_stats"] = {{"file", pass.file}, {"layers", aff::runtime::route_stats_json(layers)}};
+    }
+  }
+  if (!o.json_out.empty()) {
+    json["model"] = engine.info().source;
+    std::ofstream out(o.json_out, std::ios::binary);
+    out << json.dump(2) << "\n";
+    if (!out) return failure(fmt::format("cannot write '{}'", o.json_out));
+  }
+  return kExitOk;
+}
+
 int serve(const aff::core::Options& o, aff::Engine& engine) {
   aff::server::ServerOptions so;
   so.host = o.host;
@@ -237,6 +309,7 @@ int run(int argc, char** argv) {
                info.source.c_str(), static_cast<long long>(info.vocab_size),
                static_cast<long long>(info.max_context), seconds_since(t_load));
 
+  if (o.was_given("--perplexity") || o.was_given("--route-stats")) return evaluate(o, *engine.value());
   if (!has_prompt) return serve(o, *engine.value());
 
   auto prompt = prompt_ids(o, text, *engine.value());

@@ -84,11 +84,15 @@ Status forward(const LoadedModel& model, State& state, std::span<const int32_t> 
 
     hc_pre(cfg, lw.hc_ffn, h.data(), T, x.data(), mix);
     norm_rows(cfg, lw.ffn_norm, x.data(), T);
+    Routing routing;
     AFF_RETURN_IF_ERROR(moe_forward(cfg, lw.ffn, cfg.is_hash_layer(l), tokens.data(), x.data(), T,
-                                    opts.no_routed_experts, y.data()));
+                                    opts.no_routed_experts, y.data(),
+                                    opts.route_observer != nullptr ? &routing : nullptr));
+    if (opts.route_observer != nullptr && !opts.no_routed_experts) (*opts.route_observer)(l, pos0, routing);
     hc_post(cfg, mix, y.data(), T, h.data());
   }
   state.n_past = pos0 + T;
+  if (opts.hidden_out != nullptr) opts.hidden_out->assign(h.begin(), h.end());
 
   // Only the rows whose logits are wanted go through the final collapse and head.
   const int64_t first = all_positions ? 0 : T - 1;

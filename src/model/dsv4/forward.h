@@ -11,6 +11,7 @@
 
 #include "affinity/status.h"
 #include "model/dsv4/loaded_model.h"
+#include "model/dsv4/moe.h"
 #include "model/dsv4/state.h"  // complete type: callers own unique_ptr<State>
 
 namespace aff::dsv4 {
@@ -18,6 +19,11 @@ namespace aff::dsv4 {
 struct ForwardOptions {
   int max_layers = -1;              // run only the first N layers (debug); -1 = all
   bool no_routed_experts = false;   // skip routed experts (shared expert only; debug)
+  // Optional taps, free when null. hidden_out receives the residual streams
+  // after the last layer, before hc_head: [T, hc_mult, D] (the MTP block's
+  // input). route_observer sees every MoE layer's routing.
+  std::vector<float>* hidden_out = nullptr;
+  const RouteObserver* route_observer = nullptr;
 };
 
 // A fresh state for one sequence of at most max_positions tokens.

@@ -86,7 +86,8 @@ void expert_forward(const ModelConfig& cfg, const ExpertWeights& e, const float*
 }
 
 Status moe_forward(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
-                   const int32_t* tokens, const float* x, int64_t T, bool no_routed, float* out) {
+                   const int32_t* tokens, const float* x, int64_t T, bool no_routed, float* out,
+                   Routing* routing_out) {
   const int64_t D = cfg.hidden_size;
   std::fill(out, out + T * D, 0.0f);
   if (!no_routed) {
@@ -111,6 +112,7 @@ Status moe_forward(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
       for (int64_t i = 0; i < n; ++i)
         ref::axpy(list[size_t(i)].second, ys.data() + i * D, out + list[size_t(i)].first * D, D);
     }
+    if (routing_out != nullptr) *routing_out = std::move(routing);
   }
   if (w.has_shared) {
     std::vector<float> ys(size_t(T * D));

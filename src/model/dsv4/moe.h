@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "affinity/status.h"
@@ -25,10 +26,15 @@ struct Routing {
 Status moe_route(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
                  const int32_t* tokens, const float* x, int64_t T, Routing& routing);
 
+// Sees each MoE layer's routing decision (routing statistics, expert
+// profiling): layer index, position of the first of the routing's T tokens.
+using RouteObserver = std::function<void(int layer, int64_t pos0, const Routing& routing)>;
+
 // out: [T, D] = sum_i weight_i * E_i(x) + E_shared(x). With no_routed, only the
-// shared expert (debug option).
+// shared expert (debug option). routing_out, when given, receives the routing.
 Status moe_forward(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
-                   const int32_t* tokens, const float* x, int64_t T, bool no_routed, float* out);
+                   const int32_t* tokens, const float* x, int64_t T, bool no_routed, float* out,
+                   Routing* routing_out = nullptr);
 
 // One SwiGLU expert, unweighted: out[t] = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)),
 // L = swiglu_limit (0 disables the clamp). x: [T, D]; out: [T, D].
