@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "quant/blocks.h"
 #include "quant/codec.h"
+#include "random_blocks.h"
 
 namespace aff::cpu {
 namespace {
@@ -29,48 +30,6 @@ constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ2_K
 // Relative to sum |w_i x_i|: integer block sums are exact in both, the rest is f32
 // rounding of a few hundred terms (an indexing bug errs by ~1/sqrt(n) of it).
 constexpr double kRelTol = 1e-4;
-
-uint16_t random_f16(std::mt19937_64& rng, float lo, float hi) {
-  return f32_to_f16(std::uniform_real_distribution<float>(lo, hi)(rng));
-}
-
-// Random rows of `type` with every scale field set to a sane positive value.
-std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937_64& rng) {
-  const int64_t row_bytes = *quant::ggml_row_bytes(type, cols);
-  std::vector<uint8_t> w(size_t(rows * row_bytes));
-  for (auto& b : w) b = uint8_t(rng());
-  const int64_t nb = rows * cols / quant::ggml_traits(type).block_elems;
-  for (int64_t i = 0; i < nb; ++i) {
-    switch (type) {
-      case GgmlType::kQ8_0: reinterpret_cast<quant::BlockQ8_0*>(w.data())[i].d = random_f16(rng, 1e-3f, 2e-2f); break;
-      case GgmlType::kQ4_K: {
-        auto& b = reinterpret_cast<quant::BlockQ4K*>(w.data())[i];
-        b.d = random_f16(rng, 1e-4f, 2e-3f);
-        b.dmin = random_f16(rng, 1e-4f, 2e-3f);
-        break;
-      }
-      case GgmlType::kQ2_K: {
-        auto& b = reinterpret_cast<quant::BlockQ2K*>(w.data())[i];
-        b.d = random_f16(rng, 1e-3f, 1e-2f);
-        b.dmin = random_f16(rng, 1e-3f, 1e-2f);
-        break;
-      }
-      case GgmlType::kIQ2_XXS: reinterpret_cast<quant::BlockIq2Xxs*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
-      case GgmlType::kMXFP4:
-        reinterpret_cast<quant::BlockMxfp4*>(w.data())[i].e = uint8_t(115 + rng() % 20);
-        break;
-      default: ADD_FAILURE() << "no generator";
-    }
-  }
-  return w;
-}
-
-std::vector<float> random_floats(int64_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
 
 struct Reference {
   std::vector<double> y;
@@ -150,6 +109,27 @@ TEST_P(GemvKernelTest, ParallelSplitIsBitIdenticalToOneThread) {
   gemv_parallel(*k, w.data(), rb, rows, cols, act.data(), y1.data(), 1);
   gemv_parallel(*k, w.data(), rb, rows, cols, act.data(), y3.data(), 3);
   EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)));
+}
+
+TEST_P(GemvKernelTest, GemmIsBitIdenticalToGemvPerToken) {
+  const GgmlType type = GetParam();
+  const GemvKernel* k = select_gemv_kernel(type, cpu_features());
+  ASSERT_NE(k, nullptr);
+  std::mt19937_64 rng(std::random_device{}());
+  // 1100 rows of 5*256 Q8_0 inputs span several 256 KiB row tiles.
+  const int64_t rows = 1100, cols = 5 * 256, n = 7, ldy = rows + 3;
+  const int64_t rb = *quant::ggml_row_bytes(type, cols);
+  const int64_t stride = act_bytes(k->act, cols);
+  const auto w = random_weights(type, rows, cols, rng);
+  std::vector<uint8_t> act(size_t(n * stride));
+  for (int64_t t = 0; t < n; ++t) quantize_act(k->act, random_floats(cols, rng), act.data() + t * stride);
+  std::vector<float> y(size_t(n * ldy), NAN), y1(size_t(rows), NAN);
+  gemm(*k, w.data(), rb, rows, cols, act.data(), stride, n, y.data(), ldy);
+  for (int64_t t = 0; t < n; ++t) {
+    k->fn(w.data(), rb, rows, cols, act.data() + t * stride, y1.data());
+    EXPECT_EQ(0, std::memcmp(y1.data(), y.data() + t * ldy, size_t(rows) * sizeof(float))) << "token " << t;
+    for (int64_t r = rows; r < ldy && t + 1 < n; ++r) EXPECT_TRUE(std::isnan(y[size_t(t * ldy + r)]));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GemvKernelTest, ::testing::ValuesIn(kTypes),

@@ -101,4 +101,17 @@ void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int
   }
 }
 
+void gemm(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
+          int64_t act_stride, int64_t n, float* y, int64_t ldy) {
+  // Half of a 1-2 MiB L2 for the weight tile leaves room for the activations (n x ~1.1
+  // bytes per input) and the streaming prefetchers' lines.
+  constexpr int64_t kTileBytes = 256 << 10;
+  const int64_t tile_rows = std::max<int64_t>(1, std::min(rows, kTileBytes / std::max<int64_t>(1, row_bytes)));
+  const auto* a = static_cast<const uint8_t*>(act);
+  for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
+    const int64_t nr = std::min(tile_rows, rows - r0);
+    for (int64_t t = 0; t < n; ++t) k.fn(w + r0 * row_bytes, row_bytes, nr, cols, a + t * act_stride, y + t * ldy + r0);
+  }
+}
+
 }  // namespace aff::cpu

@@ -55,4 +55,16 @@ const GemvKernel* select_gemv_kernel(quant::GgmlType t, const CpuFeatures& f);
 void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols,
                    const void* act, float* y, int n_threads);
 
+// Batched GEMV for a few tokens against one row block (prefill, experts hit by several
+// tokens): y[t*ldy + r] = dot(W row r, act_t) for t < n, r < rows.
+//   w, row_bytes, rows, cols: as for GemvFn;
+//   act: n quantised activations (k.act format, `cols` elements each), act_t at
+//        act + t*act_stride bytes;
+//   y: row t of the output at y + t*ldy, `rows` floats each.
+// The rows are walked in tiles small enough to stay in L2 while every token is applied,
+// so the weights stream from memory once for all n tokens. Every y value is bit-identical
+// to what gemv gives for that token (same kernel, same per-row arithmetic).
+void gemm(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
+          int64_t act_stride, int64_t n, float* y, int64_t ldy);
+
 }  // namespace aff::cpu

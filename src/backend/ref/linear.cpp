@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/linear_fast.h"
 #include "backend/ref/vec.h"
 #include "core/check.h"
 #include "core/dtype.h"
@@ -111,6 +112,9 @@ void linear_rows(const dsv4::Linear& w, int64_t row_begin, int64_t row_end, cons
   const int64_t n_rows = row_end - row_begin;
   const int64_t n_tiles = (n_rows + kRowTile - 1) / kRowTile;
   if (n_rows == 0 || T == 0) return;
+  // ggml blocks with a SIMD kernel go to the CPU lane (quantised activations); AFF_CPU_LANE=0
+  // keeps them on the row-dequantising path below.
+  if (w.format == dsv4::WeightFormat::kGgml && cpu::linear_fast_rows(w, row_begin, row_end, x, ldx, T, y, ldy)) return;
 #pragma omp parallel if (n_rows * in * T >= kParallelMinWork)
   {
     std::vector<float> tile(size_t(kRowTile * in));
