@@ -41,28 +41,25 @@ def test_chat_streaming_with_usage(client, model_id):
 
 
 def test_tool_call_round_trip(client, model_id):
-    """tool_calls out (if the model calls), tool result in, final answer."""
+    """tool_calls out, tool result in, final answer (the tiny model was trained on such turns)."""
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=64,
+    r = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=96,
                                        temperature=0)
     msg = r.choices[0].message
-    if msg.tool_calls:
-        assert r.choices[0].finish_reason == "tool_calls"
-        call = msg.tool_calls[0]
-        json.loads(call.function.arguments)  # always valid JSON
-        messages.append({"role": "assistant", "content": msg.content,
-                         "tool_calls": [tc.model_dump() for tc in msg.tool_calls],
-                         "reasoning_content": getattr(msg, "reasoning_content", None)})
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"})
-    else:
-        # A tiny model may answer directly; replay a canonical call so the
-        # second half of the round trip is still exercised.
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]})
-        messages.append({"role": "tool", "tool_call_id": "call_0", "content": "18C and sunny"})
-    final = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=32,
+    assert r.choices[0].finish_reason == "tool_calls", (r.choices[0].finish_reason, msg.content)
+    assert msg.tool_calls, "the model did not call the tool"
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)  # always valid JSON
+    assert call.id.startswith("call_")
+    messages.append({"role": "assistant", "content": msg.content,
+                     "tool_calls": [tc.model_dump() for tc in msg.tool_calls],
+                     "reasoning_content": getattr(msg, "reasoning_content", None)})
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"})
+    final = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER_TOOL], max_tokens=64,
                                            temperature=0)
-    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.choices[0].message.content, "no final answer after the tool result"
 
 
 def test_completions(client, model_id):
