@@ -119,6 +119,10 @@ std::vector<OptionSpec> build_table() {
       // Performance
       integer(kPerf, "", "--prefill-chunk-size", "N", &O::prefill_chunk_size, "1408", "1408", 1, kI32,
               "Tokens per forward call while prefilling. Does not change the logits."),
+      integer(kPerf, "", "--cpu-lane", "N", &O::cpu_lane, "1", "1 = on", 0, 1,
+              "Weights stored as ggml blocks (GGUF containers) use the CPU lane: int8-quantised activations and "
+              "SIMD integer dot products. 0 dequantises them row by row in f32 (the reference path, for comparisons).",
+              "AFF_CPU_LANE"),
       // Diagnostics
       flag(kDiag, "", "--dump-tokens", &O::dump_tokens, "Print the prompt's token ids (as fed, BOS included) and exit."),
       ids(kDiag, "--force-tokens", &O::force_tokens,

@@ -43,6 +43,7 @@ struct Options {
   int parallel;
   // Performance
   int prefill_chunk_size;
+  int cpu_lane;                 // 1 = SIMD quantised dot products for ggml weights
   // Diagnostics
   bool dump_tokens;
   std::vector<int32_t> force_tokens;

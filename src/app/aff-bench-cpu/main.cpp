@@ -3,7 +3,11 @@
 // run (one core and all cores). The data set is many experts, sized to exceed the caches,
 // so every byte comes from DRAM as it will for non-resident experts.
 //   aff-bench-cpu [--types Q4_K,Q2_K,...] [--rows 2048] [--cols 4096] [--mib 1024]
-//                 [--threads N] [--disable avx512|vnni|avx2] [--reps 3]
+//                 [--threads N] [--disable avx512|vnni|avx2] [--reps 3] [--batch 4]
+// Every ISA the CPU runs is timed; '*' marks the selector's pick, and the last line per
+// type says whether that pick was the fastest on one thread. "gemm xN" streams the same
+// experts for N tokens at once (prefill, experts hit by several tokens): its GB/s are
+// weight bytes per second, its Gw/s count every token's multiply-adds.
 #include <omp.h>
 
 #include <algorithm>
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   std::string types = "Q8_0,Q4_K,Q2_K,IQ2_XXS,MXFP4";
   int64_t rows = 2048, cols = 4096, mib = 1024;
   int threads = omp_get_max_threads(), reps = 3;
+  int64_t batch = 4;
   std::string disable;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -112,16 +117,17 @@ int main(int argc, char** argv) {
     else if (a == "--mib" && has) mib = std::atoll(argv[++i]);
     else if (a == "--threads" && has) threads = std::atoi(argv[++i]);
     else if (a == "--reps" && has) reps = std::atoi(argv[++i]);
+    else if (a == "--batch" && has) batch = std::atoll(argv[++i]);
     else if (a == "--disable" && has) disable = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: aff-bench-cpu [--types Q4_K,...] [--rows N] [--cols N] [--mib N] [--threads N] "
-                   "[--reps N] [--disable avx512|vnni|avx2]\n");
+                   "[--reps N] [--batch N] [--disable avx512|vnni|avx2]\n");
       return 2;
     }
   }
-  if (rows <= 0 || cols <= 0 || cols % 256 != 0 || mib <= 0 || threads <= 0 || reps <= 0) {
-    std::fprintf(stderr, "aff-bench-cpu: rows, mib, threads, reps must be > 0 and cols a multiple of 256\n");
+  if (rows <= 0 || cols <= 0 || cols % 256 != 0 || mib <= 0 || threads <= 0 || reps <= 0 || batch <= 0) {
+    std::fprintf(stderr, "aff-bench-cpu: rows, mib, threads, reps, batch must be > 0 and cols a multiple of 256\n");
     return 2;
   }
   const aff::cpu::CpuFeatures feats = aff::cpu::cpu_features_without(aff::cpu::cpu_features(), disable);
@@ -137,7 +143,7 @@ int main(int argc, char** argv) {
   std::printf("stream read: 1 thread %.1f GB/s, %d threads %.1f GB/s\n\n", bw1, threads, bwn);
   stream = {};
 
-  std::printf("%-24s %7s %9s %11s %7s %11s %7s %9s\n", "kernel", "bpw", "experts", "1T GB/s", "of BW", "NT GB/s",
+  std::printf("%-26s %6s %8s %9s %7s %9s %7s %8s\n", "kernel", "bpw", "experts", "1T GB/s", "of BW", "NT GB/s",
               "of BW", "NT Gw/s");
   for (const auto& tn : split(types)) {
     const auto type = aff::quant::ggml_type_from_name(tn);
@@ -145,39 +151,71 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "aff-bench-cpu: no CPU-lane kernels for type '%s'\n", tn.c_str());
       return 2;
     }
-    const aff::cpu::GemvKernel* k = aff::cpu::select_gemv_kernel(*type, feats);
+    const aff::cpu::GemvKernel* selected = aff::cpu::select_gemv_kernel(*type, feats);
+    const aff::cpu::ActFormat af = selected->act;
     const int64_t row_bytes = *aff::quant::ggml_row_bytes(*type, cols);
     const int64_t expert_bytes = rows * row_bytes;
     const int64_t n_exp = std::max<int64_t>(2 * threads, (int64_t(mib) << 20) / expert_bytes);
     std::vector<uint8_t> w(size_t(n_exp * expert_bytes));
     fill_weights(*type, w.data(), w.size(), 11);
-    std::vector<float> x(static_cast<size_t>(cols));
+    // `batch` activations; a GEMV uses the first.
+    const int64_t act_stride = aff::cpu::act_bytes(af, cols);
+    std::vector<uint8_t> act(size_t(batch * act_stride));
     std::mt19937 rng(3);
     std::normal_distribution<float> nd;
-    for (auto& v : x) v = nd(rng);
-    std::vector<uint8_t> act(size_t(aff::cpu::act_bytes(k->act, cols)));
-    aff::cpu::quantize_act(k->act, x, act.data());
-    std::vector<float> y(size_t(n_exp * rows));
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (int64_t t = 0; t < batch; ++t) {
+      for (auto& v : x) v = nd(rng);
+      aff::cpu::quantize_act(af, x, act.data() + t * act_stride);
+    }
+    std::vector<float> y(size_t(n_exp * rows * batch));
 
-    auto run = [&](int nt) {
+    // Best-of-reps seconds for one pass over every expert with nt threads; n tokens per
+    // expert (1 = GEMV, else the batched gemm).
+    auto run = [&](const aff::cpu::GemvKernel& k, int nt, int64_t n) {
       double best = 1e30;
       for (int r = 0; r < reps; ++r) {
         const auto t0 = Clock::now();
-        // Experts are independent GEMVs; threads take whole experts so each streams
+        // Experts are independent; threads take whole experts so each streams
         // contiguous memory.
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int64_t e = 0; e < n_exp; ++e) {
-          k->fn(w.data() + e * expert_bytes, row_bytes, rows, cols, act.data(), y.data() + e * rows);
+          float* ye = y.data() + e * rows * n;
+          if (n == 1) {
+            k.fn(w.data() + e * expert_bytes, row_bytes, rows, cols, act.data(), ye);
+          } else {
+            aff::cpu::gemm(k, w.data() + e * expert_bytes, row_bytes, rows, cols, act.data(), act_stride, n, ye, rows);
+          }
         }
         best = std::min(best, seconds_since(t0));
       }
       return best;
     };
-    const double t1 = run(1), tn_s = run(threads);
     const double gb = double(w.size()) / 1e9;
-    std::printf("%-24s %7.3f %9lld %11.1f %6.0f%% %11.1f %6.0f%% %9.2f\n", std::string(k->name).c_str(),
-                aff::quant::ggml_bits_per_weight(*type), (long long)n_exp, gb / t1, 100 * gb / t1 / bw1, gb / tn_s,
-                100 * gb / tn_s / bwn, double(n_exp * rows * cols) / tn_s / 1e9);
+    auto report = [&](const std::string& label, double t1, double tn_s, int64_t n) {
+      std::printf("%-26s %6.3f %8lld %9.1f %6.0f%% %9.1f %6.0f%% %8.2f\n", label.c_str(),
+                  aff::quant::ggml_bits_per_weight(*type), (long long)n_exp, gb / t1, 100 * gb / t1 / bw1, gb / tn_s,
+                  100 * gb / tn_s / bwn, double(n_exp * rows * cols * n) / tn_s / 1e9);
+    };
+    // Every ISA this CPU runs (the scalar fallback only when it is all there is): the
+    // selector's pick should be the measured best.
+    // Judged on one thread: all threads together are bound by memory and tie.
+    std::string_view best;
+    double best_t1 = 1e30;
+    for (const auto& k : aff::cpu::gemv_kernels(*type)) {
+      if (!aff::cpu::isa_supported(k.isa, feats)) continue;
+      if (k.isa == aff::cpu::Isa::kScalar && selected->isa != aff::cpu::Isa::kScalar) continue;
+      const double t1 = run(k, 1, 1), tn_s = run(k, threads, 1);
+      report(std::string(k.name) + (k.name == selected->name ? " *" : ""), t1, tn_s, 1);
+      if (t1 < best_t1) best_t1 = t1, best = k.name;
+    }
+    if (batch > 1) {
+      report(fmt::format("  gemm x{} ({})", batch, aff::cpu::isa_name(selected->isa)), run(*selected, 1, batch),
+             run(*selected, threads, batch), batch);
+    }
+    std::printf("  %s: selected %s%s\n", tn.c_str(), std::string(selected->name).c_str(),
+                best == selected->name ? " (measured best on one thread)"
+                                       : fmt::format(" (measured best on one thread: {})", best).c_str());
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "affinity/engine.h"
+#include "backend/cpu/linear_fast.h"
 #include "core/options.h"
 #include "format/npy.h"
 #include "runtime/perplexity.h"
@@ -301,6 +302,7 @@ int run(int argc, char** argv) {
   eo.prefill_chunk_size = o.prefill_chunk_size;
   eo.max_layers = o.max_layers > 0 ? o.max_layers : -1;
   eo.no_routed_experts = o.no_routed_experts;
+  aff::cpu::set_cpu_lane_enabled(o.cpu_lane != 0);
   const auto t_load = Clock::now();
   auto engine = aff::Engine::load(eo);
   if (!engine.is_ok()) return failure(engine.status().message());
