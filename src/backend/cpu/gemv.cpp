@@ -15,19 +15,24 @@ using quant::GgmlType;
 // Fastest ISA first within each weight type.
 const std::vector<GemvKernel>& kernel_table() {
   static const std::vector<GemvKernel> table = {
-      {"gemv_q8_0_q8_0_avx512", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_q8_0_q8_0_avx512},
+      {"gemv_q8_0_q8_0_avx512", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_q8_0_q8_0_avx512,
+       isa::gemm_q8_0_q8_0_avx512},
       {"gemv_q8_0_q8_0_avx2", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx2, isa::gemv_q8_0_q8_0_avx2},
       {"gemv_q8_0_q8_0_scalar", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kScalar, isa::gemv_q8_0_q8_0_scalar},
-      {"gemv_q4k_q8k_avx512", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q4k_q8k_avx512},
+      {"gemv_q4k_q8k_avx512", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q4k_q8k_avx512,
+       isa::gemm_q4k_q8k_avx512},
       {"gemv_q4k_q8k_avx2", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_q4k_q8k_avx2},
       {"gemv_q4k_q8k_scalar", GgmlType::kQ4_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q4k_q8k_scalar},
-      {"gemv_q2k_q8k_avx512", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q2k_q8k_avx512},
+      {"gemv_q2k_q8k_avx512", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q2k_q8k_avx512,
+       isa::gemm_q2k_q8k_avx512},
       {"gemv_q2k_q8k_avx2", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_q2k_q8k_avx2},
       {"gemv_q2k_q8k_scalar", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q2k_q8k_scalar},
-      {"gemv_iq2xxs_q8k_avx512", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_iq2xxs_q8k_avx512},
+      {"gemv_iq2xxs_q8k_avx512", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_iq2xxs_q8k_avx512,
+       isa::gemm_iq2xxs_q8k_avx512},
       {"gemv_iq2xxs_q8k_avx2", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_iq2xxs_q8k_avx2},
       {"gemv_iq2xxs_q8k_scalar", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kScalar, isa::gemv_iq2xxs_q8k_scalar},
-      {"gemv_mxfp4_q8_0_avx512", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_mxfp4_q8_0_avx512},
+      {"gemv_mxfp4_q8_0_avx512", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_mxfp4_q8_0_avx512,
+       isa::gemm_mxfp4_q8_0_avx512},
       {"gemv_mxfp4_q8_0_avx2", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx2, isa::gemv_mxfp4_q8_0_avx2},
       {"gemv_mxfp4_q8_0_scalar", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kScalar, isa::gemv_mxfp4_q8_0_scalar},
   };
@@ -110,6 +115,10 @@ void gemm(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows
   const auto* a = static_cast<const uint8_t*>(act);
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t nr = std::min(tile_rows, rows - r0);
+    if (k.gemm_fn != nullptr) {
+      k.gemm_fn(w + r0 * row_bytes, row_bytes, nr, cols, a, act_stride, n, y + r0, ldy);
+      continue;
+    }
     for (int64_t t = 0; t < n; ++t) k.fn(w + r0 * row_bytes, row_bytes, nr, cols, a + t * act_stride, y + t * ldy + r0);
   }
 }

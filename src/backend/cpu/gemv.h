@@ -33,12 +33,18 @@ bool isa_supported(Isa isa, const CpuFeatures& f);
 using GemvFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
                         float* y);
 
+// Batched form, with gemm()'s contract below: n tokens' activations at act + t*act_stride
+// bytes, outputs at y + t*ldy. The weight decode is shared by the tokens.
+using GemmFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
+                        int64_t act_stride, int64_t n, float* y, int64_t ldy);
+
 struct GemvKernel {
   std::string_view name;   // "gemv_q4k_q8k_avx512"
   quant::GgmlType weight;
   ActFormat act;
   Isa isa;
   GemvFn fn;
+  GemmFn gemm_fn = nullptr;  // fused multi-token kernel; nullptr: gemm() calls fn per token
 };
 
 // Weight types the CPU lane has kernels for: Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4.
@@ -62,8 +68,9 @@ void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int
 //        act + t*act_stride bytes;
 //   y: row t of the output at y + t*ldy, `rows` floats each.
 // The rows are walked in tiles small enough to stay in L2 while every token is applied,
-// so the weights stream from memory once for all n tokens. Every y value is bit-identical
-// to what gemv gives for that token (same kernel, same per-row arithmetic).
+// so the weights stream from memory once for all n tokens; kernels with a gemm_fn also
+// decode each weight step once for up to four tokens. Every y value is bit-identical to
+// what gemv gives for that token (same per-token arithmetic in the same order).
 void gemm(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
           int64_t act_stride, int64_t n, float* y, int64_t ldy);
 

@@ -1,6 +1,7 @@
 // AVX-512 + VNNI kernels: two 32-element groups per ZMM register and vpdpbusd
 // (u8 x s8, four products summed into each i32 lane). Signed weights go through the
 // sign trick with a mask: |w| as unsigned, x negated where w < 0.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -51,102 +52,156 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-float dot_q8_0(const BlockQ8_0* w, const ActQ8_0* a, int64_t nb) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    const __m512i wq = load2x256(w[b].qs, w[b + 1].qs);
-    const __m512i xq = load2x256(a[b].qs, a[b + 1].qs);
-    const __m512 p = _mm512_cvtepi32_ps(dot_i8(wq, xq));
-    acc = _mm512_fmadd_ps(split_ps(f16(w[b].d) * a[b].d, f16(w[b + 1].d) * a[b + 1].d), p, acc);
-  }
-  float tail = 0.0f;
-  if (b < nb) {  // odd block count: one 256-bit step
-    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-    const __m256i xs = _mm256_mask_sub_epi8(xq, _mm256_movepi8_mask(wq), _mm256_setzero_si256(), xq);
-    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), xs);
-    tail = f16(w[b].d) * a[b].d * hsum256(_mm256_cvtepi32_ps(p));
-  }
-  return _mm512_reduce_add_ps(acc) + tail;
-}
+// Each weight type is a struct with `dot<N>`: one weight row against N activations,
+// out[t] = dot(row, a[t]). The weight decode (nibbles, grid rows, sign masks, scales)
+// is done once per step and shared by the N tokens; every token keeps its own
+// accumulators and the same operation order as N = 1, so the batched results are
+// bit-identical to the GEMV ones.
 
-float dot_q4k(const BlockQ4K* w, const ActQ8K* a, int64_t nb) {
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  // Low 256 bits keep the low nibbles, high 256 bits get the high nibbles.
-  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  // Step k covers sub-blocks 2k (dot lanes 0-7) and 2k+1 (lanes 8-15).
-  __m512i scale_idx[4];
-  for (int k = 0; k < 4; ++k) {
-    scale_idx[k] =
-        _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(2 * k), _mm512_set1_epi32(2 * k + 1));
-  }
-  __m512 acc = _mm512_setzero_ps();
-  __m256 acc_min = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    uint64_t sc, mn;
-    q4k_unpack_scales(w[b].scales, &sc, &mn);
-    const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc)));
-    // The mins: sum_j m_j * (bsums[2j] + bsums[2j+1]), kept as 8 lanes until the end.
-    const __m128i m8 = _mm_cvtsi64_si128(int64_t(mn));
-    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
-    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
-                              acc_min);
-    __m512i sumi = _mm512_setzero_si512();
-    for (int k = 0; k < 4; ++k) {
-      // Sub-blocks 2k (low nibbles) and 2k+1 (high nibbles) of the same 32 bytes; their
-      // 64 activations are contiguous.
-      const __m512i qq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k)));
-      const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4);
-      const __m512i x = _mm512_loadu_si512(a[b].qs + 64 * k);
-      // |dot| <= 4*15*127 < 2^15: exact as i16, so vpdpwssd applies the 6-bit scale.
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4, x);
-      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(scale_idx[k], sc32));
-    }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d), _mm512_cvtepi32_ps(sumi), acc);
-  }
-  return _mm512_reduce_add_ps(acc) - hsum256(acc_min);
-}
-
-float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
-  const __m512i m3 = _mm512_set1_epi8(3);
-  const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-  const __m512i shift23 =
-      _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-  // Lane l of 64-element chunk c belongs to sub-block 4c + l/4.
-  __m512i lane_sub[4];
-  for (int c = 0; c < 4; ++c) {
-    alignas(64) int32_t idx[16];
-    for (int l = 0; l < 16; ++l) idx[l] = 4 * c + l / 4;
-    lane_sub[c] = _mm512_load_si512(idx);
-  }
-  __m512 acc = _mm512_setzero_ps();
-  __m256 acc_min = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales));
-    const __m512i sc32 = _mm512_and_si512(_mm512_cvtepu8_epi32(s8), _mm512_set1_epi32(15));
-    // The mins: sum_i (scales[i] >> 4) * bsums[i], kept as 8 lanes until the end.
-    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(15)));
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
-    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
-                              acc_min);
-    __m512i sumi = _mm512_setzero_si512();
-    for (int n = 0; n < 2; ++n) {
-      const __m512i qq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n)));
-      for (int jj = 0; jj < 2; ++jj) {
-        // Shifts 2*(2jj) and 2*(2jj+1): elements 128n + 64jj .. +64, contiguous in x.
-        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(qq, jj ? shift23 : shift01), m3);
-        const __m512i x = _mm512_loadu_si512(a[b].qs + 128 * n + 64 * jj);
-        // |dot| <= 4*3*127 < 2^15: exact as i16, so vpdpwssd applies the 4-bit scale.
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q2, x);
-        sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(lane_sub[2 * n + jj], sc32));
+struct Q8_0Dot {
+  using Block = BlockQ8_0;
+  using Act = ActQ8_0;
+  static constexpr int64_t kElems = 32;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    __m512 acc[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+      const __m512i wq = load2x256(w[b].qs, w[b + 1].qs);
+      const __mmask64 neg = _mm512_movepi8_mask(wq);
+      const __m512i wa = _mm512_abs_epi8(wq);  // -128 becomes 128 as an unsigned byte
+      const float d0 = f16(w[b].d), d1 = f16(w[b + 1].d);
+      for (int t = 0; t < N; ++t) {
+        const __m512i xq = load2x256(a[t][b].qs, a[t][b + 1].qs);
+        const __m512i xs = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xs));
+        acc[t] = _mm512_fmadd_ps(split_ps(d0 * a[t][b].d, d1 * a[t][b + 1].d), p, acc[t]);
       }
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d), _mm512_cvtepi32_ps(sumi), acc);
+    float tail[N] = {};
+    if (b < nb) {  // odd block count: one 256-bit step
+      const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
+      const __mmask32 neg = _mm256_movepi8_mask(wq);
+      const __m256i wa = _mm256_abs_epi8(wq);
+      for (int t = 0; t < N; ++t) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].qs));
+        const __m256i xs = _mm256_mask_sub_epi8(xq, neg, _mm256_setzero_si256(), xq);
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, xs);
+        tail[t] = f16(w[b].d) * a[t][b].d * hsum256(_mm256_cvtepi32_ps(p));
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) + tail[t];
   }
-  return _mm512_reduce_add_ps(acc) - hsum256(acc_min);
-}
+};
+
+struct Q4KDot {
+  using Block = BlockQ4K;
+  using Act = ActQ8K;
+  static constexpr int64_t kElems = 256;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // Low 256 bits keep the low nibbles, high 256 bits get the high nibbles.
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    // Step k covers sub-blocks 2k (dot lanes 0-7) and 2k+1 (lanes 8-15).
+    __m512i scale_idx[4];
+    for (int k = 0; k < 4; ++k) {
+      scale_idx[k] =
+          _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(2 * k), _mm512_set1_epi32(2 * k + 1));
+    }
+    __m512 acc[N];
+    __m256 acc_min[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps(), acc_min[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      uint64_t sc, mn;
+      q4k_unpack_scales(w[b].scales, &sc, &mn);
+      const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc)));
+      // The mins: sum_j m_j * (bsums[2j] + bsums[2j+1]), kept as 8 lanes until the end.
+      const __m128i m8 = _mm_cvtsi64_si128(int64_t(mn));
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+      const float d = f16(w[b].d), dmin = f16(w[b].dmin);
+      __m512i sumi[N];
+      for (int t = 0; t < N; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+        acc_min[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                                     acc_min[t]);
+        sumi[t] = _mm512_setzero_si512();
+      }
+      for (int k = 0; k < 4; ++k) {
+        // Sub-blocks 2k (low nibbles) and 2k+1 (high nibbles) of the same 32 bytes; their
+        // 64 activations are contiguous.
+        const __m512i qq =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k)));
+        const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4);
+        const __m512i scv = _mm512_permutexvar_epi32(scale_idx[k], sc32);
+        for (int t = 0; t < N; ++t) {
+          // |dot| <= 4*15*127 < 2^15: exact as i16, so vpdpwssd applies the 6-bit scale.
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4, _mm512_loadu_si512(a[t][b].qs + 64 * k));
+          sumi[t] = _mm512_dpwssd_epi32(sumi[t], p, scv);
+        }
+      }
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(acc_min[t]);
+  }
+};
+
+struct Q2KDot {
+  using Block = BlockQ2K;
+  using Act = ActQ8K;
+  static constexpr int64_t kElems = 256;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    // Lane l of 64-element chunk c belongs to sub-block 4c + l/4.
+    __m512i lane_sub[4];
+    for (int c = 0; c < 4; ++c) {
+      alignas(64) int32_t idx[16];
+      for (int l = 0; l < 16; ++l) idx[l] = 4 * c + l / 4;
+      lane_sub[c] = _mm512_load_si512(idx);
+    }
+    __m512 acc[N];
+    __m256 acc_min[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps(), acc_min[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales));
+      const __m512i sc32 = _mm512_and_si512(_mm512_cvtepu8_epi32(s8), _mm512_set1_epi32(15));
+      // The mins: sum_i (scales[i] >> 4) * bsums[i], kept as 8 lanes until the end.
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(15)));
+      const float d = f16(w[b].d), dmin = f16(w[b].dmin);
+      __m512i sumi[N];
+      for (int t = 0; t < N; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+        acc_min[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                                     acc_min[t]);
+        sumi[t] = _mm512_setzero_si512();
+      }
+      for (int n = 0; n < 2; ++n) {
+        const __m512i qq =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n)));
+        for (int jj = 0; jj < 2; ++jj) {
+          // Shifts 2*(2jj) and 2*(2jj+1): elements 128n + 64jj .. +64, contiguous in x.
+          const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(qq, jj ? shift23 : shift01), m3);
+          const __m512i scv = _mm512_permutexvar_epi32(lane_sub[2 * n + jj], sc32);
+          for (int t = 0; t < N; ++t) {
+            // |dot| <= 4*3*127 < 2^15: exact as i16, so vpdpwssd applies the 4-bit scale.
+            const __m512i x = _mm512_loadu_si512(a[t][b].qs + 128 * n + 64 * jj);
+            sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), q2, x), scv);
+          }
+        }
+      }
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(acc_min[t]);
+  }
+};
 
 // Eight 7-bit IQ2 sign indices (bits 0..27 of s0 and s1, four each) -> a 64-bit mask,
 // bit e set when element e of these 64 is negative. Each index is the low 7 bits of a
@@ -166,101 +221,161 @@ inline __m128i grid2(const uint64_t* grid, unsigned i0, unsigned i1) {
   return _mm_insert_epi64(_mm_cvtsi64_si128(int64_t(grid[i0])), int64_t(grid[i1]), 1);
 }
 
-float dot_iq2xxs(const BlockIq2Xxs* w, const ActQ8K* a, int64_t nb) {
-  const uint64_t* grid = quant::kIq2xxsGrid;
-  // Dword lane 2g+1 of a block's 64 code bytes holds group g's sign word (scale in bits
-  // 28..31). Step k covers groups 2k (lanes 0-7 of the dot) and 2k+1 (lanes 8-15).
-  __m512i scale_idx[4];
-  for (int k = 0; k < 4; ++k) {
-    scale_idx[k] = _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(4 * k + 1),
-                                           _mm512_set1_epi32(4 * k + 3));
-  }
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* q = reinterpret_cast<const uint8_t*>(w[b].qs);
-    const __m512i words = _mm512_loadu_si512(q);
-    // 2*scale+1 per group, <= 31, in the low half of each dword (high half zero).
-    const __m512i sc = _mm512_srli_epi32(words, 28);
-    const __m512i sc21 = _mm512_add_epi32(_mm512_add_epi32(sc, sc), _mm512_set1_epi32(1));
-    __m512i sumi = _mm512_setzero_si512();
+struct Iq2XxsDot {
+  using Block = BlockIq2Xxs;
+  using Act = ActQ8K;
+  static constexpr int64_t kElems = 256;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    const uint64_t* grid = quant::kIq2xxsGrid;
+    // Dword lane 2g+1 of a block's 64 code bytes holds group g's sign word (scale in bits
+    // 28..31). Step k covers groups 2k (lanes 0-7 of the dot) and 2k+1 (lanes 8-15).
+    __m512i scale_idx[4];
     for (int k = 0; k < 4; ++k) {
-      const uint8_t* g = q + 16 * k;
-      const __m256i lo = _mm256_set_m128i(grid2(grid, g[2], g[3]), grid2(grid, g[0], g[1]));
-      const __m256i hi = _mm256_set_m128i(grid2(grid, g[10], g[11]), grid2(grid, g[8], g[9]));
-      const __m512i gv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      const __mmask64 neg = iq2_sign_mask(load_u32(g + 4), load_u32(g + 12));
-      const __m512i x = _mm512_loadu_si512(a[b].qs + 64 * k);
-      const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-      // |dot| <= 4*43*127 < 2^15, so the i32 lanes are exact i16 values and vpdpwssd
-      // against the (scale, 0) word pairs applies the group scale and accumulates.
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs);
-      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi32(scale_idx[k], sc21));
+      scale_idx[k] = _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(4 * k + 1),
+                                             _mm512_set1_epi32(4 * k + 3));
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(f16(w[b].d) * a[b].d * 0.125f), _mm512_cvtepi32_ps(sumi), acc);
+    __m512 acc[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(w[b].qs);
+      // 2*scale+1 per group, <= 31, in the low half of each dword (high half zero).
+      const __m512i sc = _mm512_srli_epi32(_mm512_loadu_si512(q), 28);
+      const __m512i sc21 = _mm512_add_epi32(_mm512_add_epi32(sc, sc), _mm512_set1_epi32(1));
+      __m512i sumi[N];
+      for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* g = q + 16 * k;
+        const __m256i lo = _mm256_set_m128i(grid2(grid, g[2], g[3]), grid2(grid, g[0], g[1]));
+        const __m256i hi = _mm256_set_m128i(grid2(grid, g[10], g[11]), grid2(grid, g[8], g[9]));
+        const __m512i gv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        const __mmask64 neg = iq2_sign_mask(load_u32(g + 4), load_u32(g + 12));
+        const __m512i scv = _mm512_permutexvar_epi32(scale_idx[k], sc21);
+        for (int t = 0; t < N; ++t) {
+          const __m512i x = _mm512_loadu_si512(a[t][b].qs + 64 * k);
+          const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+          // |dot| <= 4*43*127 < 2^15, so the i32 lanes are exact i16 values and vpdpwssd
+          // against the (scale, 0) word pairs applies the group scale and accumulates.
+          sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs), scv);
+        }
+      }
+      const float d = f16(w[b].d) * 0.125f;
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
   }
-  return _mm512_reduce_add_ps(acc);
-}
+};
 
-float dot_mxfp4(const BlockMxfp4* w, const ActQ8_0* a, int64_t nb) {
-  const __m512i values =
-      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4)));
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  // 128-bit lanes: [block b low nibbles, block b high nibbles, block b+1 low, b+1 high].
-  const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0,
-                                         4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b + 1].qs));
-    const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
-                                          _mm256_set_m128i(q1, q1), 1);
-    const __m512i wv = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
-    const __m512i x = load2x256(a[b].qs, a[b + 1].qs);
-    const __m512 p = _mm512_cvtepi32_ps(dot_i8(wv, x));
-    acc = _mm512_fmadd_ps(split_ps(kMxfp4Scales.v[w[b].e] * a[b].d, kMxfp4Scales.v[w[b + 1].e] * a[b + 1].d), p,
-                          acc);
+struct Mxfp4Dot {
+  using Block = BlockMxfp4;
+  using Act = ActQ8_0;
+  static constexpr int64_t kElems = 32;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    const __m512i values =
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4)));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // 128-bit lanes: [block b low nibbles, block b high nibbles, block b+1 low, b+1 high].
+    const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0,
+                                           4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0);
+    __m512 acc[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b + 1].qs));
+      const __m512i qq =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)), _mm256_set_m128i(q1, q1), 1);
+      const __m512i wv = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      const __m512i wa = _mm512_abs_epi8(wv);
+      const float s0 = kMxfp4Scales.v[w[b].e], s1 = kMxfp4Scales.v[w[b + 1].e];
+      for (int t = 0; t < N; ++t) {
+        const __m512i x = load2x256(a[t][b].qs, a[t][b + 1].qs);
+        const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xs));
+        acc[t] = _mm512_fmadd_ps(split_ps(s0 * a[t][b].d, s1 * a[t][b + 1].d), p, acc[t]);
+      }
+    }
+    float tail[N] = {};
+    if (b < nb) {
+      const __m128i v128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
+      const __m128i lo = _mm_shuffle_epi8(v128, _mm_and_si128(q, _mm_set1_epi8(0x0f)));
+      const __m128i hi = _mm_shuffle_epi8(v128, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)));
+      const __m256i wv = _mm256_set_m128i(hi, lo);
+      const __mmask32 neg = _mm256_movepi8_mask(wv);
+      const __m256i wa = _mm256_abs_epi8(wv);
+      for (int t = 0; t < N; ++t) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].qs));
+        const __m256i xs = _mm256_mask_sub_epi8(x, neg, _mm256_setzero_si256(), x);
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, xs);
+        tail[t] = kMxfp4Scales.v[w[b].e] * a[t][b].d * hsum256(_mm256_cvtepi32_ps(p));
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) + tail[t];
   }
-  float tail = 0.0f;
-  if (b < nb) {
-    const __m128i v128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesMxfp4));
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
-    const __m128i lo = _mm_shuffle_epi8(v128, _mm_and_si128(q, _mm_set1_epi8(0x0f)));
-    const __m128i hi = _mm_shuffle_epi8(v128, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)));
-    const __m256i wv = _mm256_set_m128i(hi, lo);
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-    const __m256i xs = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(wv), _mm256_setzero_si256(), x);
-    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), xs);
-    tail = kMxfp4Scales.v[w[b].e] * a[b].d * hsum256(_mm256_cvtepi32_ps(p));
-  }
-  return _mm512_reduce_add_ps(acc) + tail;
-}
+};
 
-template <typename Block, typename Act, float (*Dot)(const Block*, const Act*, int64_t), int64_t kElems>
+template <class K>
 void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, float* y) {
-  const auto* a = static_cast<const Act*>(act);
+  const auto* a = static_cast<const typename K::Act*>(act);
   for (int64_t r = 0; r < rows; ++r) {
-    y[r] = Dot(reinterpret_cast<const Block*>(w + r * row_bytes), a, cols / kElems);
+    K::template dot<1>(reinterpret_cast<const typename K::Block*>(w + r * row_bytes), &a, cols / K::kElems, y + r);
+  }
+}
+
+template <class K, int N>
+void gemm_group(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t nb, const typename K::Act* const* a,
+                float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float o[N];
+    K::template dot<N>(reinterpret_cast<const typename K::Block*>(w + r * row_bytes), a, nb, o);
+    for (int t = 0; t < N; ++t) y[t * ldy + r] = o[t];
+  }
+}
+
+// Tokens in groups of four (32 ZMM registers hold four tokens' accumulators next to the
+// decoded weights without spilling); the rows are expected to fit in L2, so the second
+// and later groups re-read them from cache.
+template <class K>
+void gemm_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, int64_t act_stride,
+               int64_t n, float* y, int64_t ldy) {
+  using Act = typename K::Act;
+  const int64_t nb = cols / K::kElems;
+  const auto* base = static_cast<const uint8_t*>(act);
+  for (int64_t t0 = 0; t0 < n; t0 += 4) {
+    const Act* a[4];
+    const int m = int(std::min<int64_t>(4, n - t0));
+    for (int t = 0; t < m; ++t) a[t] = reinterpret_cast<const Act*>(base + (t0 + t) * act_stride);
+    float* yt = y + t0 * ldy;
+    switch (m) {
+      case 4: gemm_group<K, 4>(w, row_bytes, rows, nb, a, yt, ldy); break;
+      case 3: gemm_group<K, 3>(w, row_bytes, rows, nb, a, yt, ldy); break;
+      case 2: gemm_group<K, 2>(w, row_bytes, rows, nb, a, yt, ldy); break;
+      default: gemm_group<K, 1>(w, row_bytes, rows, nb, a, yt, ldy); break;
+    }
   }
 }
 
 }  // namespace
 
-void gemv_q8_0_q8_0_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
-  gemv_rows<BlockQ8_0, ActQ8_0, dot_q8_0, 32>(w, rb, rows, cols, a, y);
-}
-void gemv_q4k_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
-  gemv_rows<BlockQ4K, ActQ8K, dot_q4k, 256>(w, rb, rows, cols, a, y);
-}
-void gemv_q2k_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
-  gemv_rows<BlockQ2K, ActQ8K, dot_q2k, 256>(w, rb, rows, cols, a, y);
-}
-void gemv_iq2xxs_q8k_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
-  gemv_rows<BlockIq2Xxs, ActQ8K, dot_iq2xxs, 256>(w, rb, rows, cols, a, y);
-}
-void gemv_mxfp4_q8_0_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
-  gemv_rows<BlockMxfp4, ActQ8_0, dot_mxfp4, 32>(w, rb, rows, cols, a, y);
-}
+#define AFF_AVX512_KERNELS(wname, K)                                                                           \
+  void gemv_##wname##_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) { \
+    gemv_rows<K>(w, rb, rows, cols, a, y);                                                                     \
+  }                                                                                                            \
+  void gemm_##wname##_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a,           \
+                             int64_t as, int64_t n, float* y, int64_t ldy) {                                   \
+    gemm_rows<K>(w, rb, rows, cols, a, as, n, y, ldy);                                                         \
+  }
+AFF_AVX512_KERNELS(q8_0_q8_0, Q8_0Dot)
+AFF_AVX512_KERNELS(q4k_q8k, Q4KDot)
+AFF_AVX512_KERNELS(q2k_q8k, Q2KDot)
+AFF_AVX512_KERNELS(iq2xxs_q8k, Iq2XxsDot)
+AFF_AVX512_KERNELS(mxfp4_q8_0, Mxfp4Dot)
+#undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa
 
@@ -275,5 +390,12 @@ AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx512)
+#define AFF_UNREACHABLE_GEMM(name) \
+  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
+AFF_UNREACHABLE_GEMM(gemm_q8_0_q8_0_avx512)
+AFF_UNREACHABLE_GEMM(gemm_q4k_q8k_avx512)
+AFF_UNREACHABLE_GEMM(gemm_q2k_q8k_avx512)
+AFF_UNREACHABLE_GEMM(gemm_iq2xxs_q8k_avx512)
+AFF_UNREACHABLE_GEMM(gemm_mxfp4_q8_0_avx512)
 }  // namespace aff::cpu::isa
 #endif

@@ -28,6 +28,18 @@ AFF_GEMV_DECL(gemv_q2k_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx512);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx512);
 
+// Batched kernels (GemmFn): one pass over the rows for n tokens, decode shared.
+#define AFF_GEMM_DECL(name)                                                                                  \
+  void name(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, int64_t act_stride, \
+            int64_t n, float* y, int64_t ldy)
+
+AFF_GEMM_DECL(gemm_q8_0_q8_0_avx512);
+AFF_GEMM_DECL(gemm_q4k_q8k_avx512);
+AFF_GEMM_DECL(gemm_q2k_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq2xxs_q8k_avx512);
+AFF_GEMM_DECL(gemm_mxfp4_q8_0_avx512);
+
+#undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL
 
 }  // namespace aff::cpu::isa
