@@ -24,8 +24,8 @@ namespace {
 
 using quant::GgmlType;
 
-constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ2_K, GgmlType::kIQ2_XXS,
-                               GgmlType::kMXFP4};
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0,    GgmlType::kQ4_K,  GgmlType::kQ2_K, GgmlType::kQ3_K,
+                               GgmlType::kIQ2_XXS, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
 
 // Activation quantisation: x_i is rounded to a multiple of d = max|x_block| / 127, so
 // |x_i - x^_i| <= d/2 and |y_fast - y_ref| <= sum_i |W_i| * max|x_block(i)| * kHalfStep.
@@ -166,12 +166,12 @@ INSTANTIATE_TEST_SUITE_P(Types, LinearFastTest, ::testing::ValuesIn(kTypes),
 
 TEST(LinearFast, DeclinesWhatItCannotCompute) {
   std::mt19937_64 rng(1);
-  Fixture q3 = make_linear(GgmlType::kQ8_0, 4, 64, rng);
-  q3.lin.ggml_type = int(GgmlType::kQ3_K);  // no kernel: left to the reference
-  EXPECT_FALSE(linear_fast_supported(q3.lin));
+  Fixture q5 = make_linear(GgmlType::kQ8_0, 4, 64, rng);
+  q5.lin.ggml_type = int(GgmlType::kQ5_K);  // no kernel: left to the reference
+  EXPECT_FALSE(linear_fast_supported(q5.lin));
   float y[4];
   const std::vector<float> x(64, 1.0f);
-  EXPECT_FALSE(linear_fast_rows(q3.lin, 0, 4, x.data(), 64, 1, y, 4));
+  EXPECT_FALSE(linear_fast_rows(q5.lin, 0, 4, x.data(), 64, 1, y, 4));
   Fixture q8 = make_linear(GgmlType::kQ8_0, 4, 64, rng);
   LaneGuard guard;
   set_cpu_lane_enabled(false);

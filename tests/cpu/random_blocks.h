@@ -41,6 +41,8 @@ inline std::vector<uint8_t> random_weights(quant::GgmlType type, int64_t rows, i
         break;
       }
       case quant::GgmlType::kIQ2_XXS: reinterpret_cast<quant::BlockIq2Xxs*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
+      case quant::GgmlType::kQ3_K: reinterpret_cast<quant::BlockQ3K*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
+      case quant::GgmlType::kIQ4_XS: reinterpret_cast<quant::BlockIq4Xs*>(w.data())[i].d = random_f16(rng, 1e-4f, 1e-3f); break;
       case quant::GgmlType::kMXFP4:
         reinterpret_cast<quant::BlockMxfp4*>(w.data())[i].e = uint8_t(115 + rng() % 20);
         break;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include "backend/cpu/linear_fast.h"
 #include "checkpoint_to_gguf.h"
 #include "format/gguf_dsv4_names.h"
 #include "format/gguf_reader.h"
@@ -41,6 +42,13 @@ using format::GgufValue;
 // relative to its typical value). 4% is twice that; a wrong row, scale or type
 // moves logits by order 100%. The exact check above is the sharp one.
 constexpr float kQ8LogitTolerance = 0.04f;
+// CPU lane vs reference: the lane rounds each expert input with the Q8_0 quantiser
+// (int8, step max|x|/127 per 32 values), the same rounding the Q8_0 container applies
+// to dense weights, so positions before any change of expert choice get the same logit
+// budget, kQ8LogitTolerance of max |logit|. A flipped top-k choice swaps a whole expert
+// (the random model's router scores are close); it may happen, but at under half of
+// the positions, or the lane is perturbing far more than its rounding.
+constexpr double kLaneMaxFlippedFraction = 0.5;
 
 ModelConfig metadata_round_trip(const ModelConfig& c, const fs::path& path) {
   {
@@ -208,8 +216,13 @@ class GgufModel : public ::testing::Test {
   static inline fs::path ckpt_;
   static inline fs::path lossless_;
   static inline uint64_t seed_ = 0;
+  static inline bool lane_was_on_ = true;
 
   static void SetUpTestSuite() {
+    // The exactness checks below run the reference path (f32 activations); the CPU
+    // lane's int8 activations are checked in CpuLaneStaysCloseToTheReferencePath.
+    lane_was_on_ = cpu::cpu_lane_enabled();
+    cpu::set_cpu_lane_enabled(false);
     tmp_ = new test::TempDir("model");
     seed_ = std::random_device{}();
     ckpt_ = tmp_->path() / "ckpt";
@@ -227,6 +240,7 @@ class GgufModel : public ::testing::Test {
     ASSERT_TRUE(st.is_ok()) << st.message();
   }
   static void TearDownTestSuite() {
+    cpu::set_cpu_lane_enabled(lane_was_on_);
     delete tmp_;
     tmp_ = nullptr;
   }
@@ -269,6 +283,70 @@ TEST_F(GgufModel, LosslessContainerGivesBitIdenticalLogits) {
   size_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
   EXPECT_EQ(differ, 0u) << "of " << a.size() << " logits";
+}
+
+TEST_F(GgufModel, CpuLaneStaysCloseToTheReferencePath) {
+  // The container's MXFP4 experts through the CPU lane (activations rounded to int8 per
+  // 32 inputs) against the reference path on the same file. Top-1 agreement is printed,
+  // not asserted: a random model's top logits are often closer than the rounding.
+  auto gguf = dsv4::load_gguf_file(lossless_.string());
+  ASSERT_TRUE(gguf.is_ok()) << gguf.status().message();
+  const dsv4::LoadedModel& g = **gguf;
+  if (!cpu::linear_fast_supported(g.weights.layers[2].ffn.experts[5].w2)) GTEST_SKIP() << "no CPU-lane kernel here";
+  const auto tokens = random_tokens(23, g.config.vocab_size);
+  // Expert choice per (layer, position): a perturbation that flips a top-k choice
+  // changes that position's output by a whole expert, which no rounding bound covers.
+  std::vector<std::vector<int32_t>> routes[2];
+  auto run = [&](bool lane_on) {
+    cpu::set_cpu_lane_enabled(lane_on);
+    auto& r = routes[lane_on];
+    r.assign(tokens.size(), {});
+    const dsv4::RouteObserver obs = [&](int, int64_t pos0, const dsv4::Routing& rt) {
+      for (size_t i = 0; i < rt.experts.size(); ++i) r[size_t(pos0) + i / size_t(rt.k)].push_back(rt.experts[i]);
+    };
+    dsv4::ForwardOptions o;
+    o.route_observer = &obs;
+    std::vector<float> l = logits_of(g, tokens, o);
+    cpu::set_cpu_lane_enabled(false);
+    return l;
+  };
+  const std::vector<float> ref = run(false);
+  const std::vector<float> lane = run(true);
+  ASSERT_EQ(ref.size(), lane.size());
+  const int64_t V = g.config.vocab_size;
+  double err2 = 0, ref2 = 0;
+  float max_abs = 0, max_diff = 0;
+  size_t differ = 0, same_top1 = 0;
+  // A flip at position p also reaches every later position through attention, so the
+  // rounding budget applies to the positions before the first flip.
+  size_t flipped = 0, checked = 0;
+  bool same_routes = true;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const size_t t = i / size_t(V);
+    if (i % size_t(V) == 0) {
+      flipped += routes[0][t] != routes[1][t];
+      same_routes = same_routes && routes[0][t] == routes[1][t];
+      checked += same_routes;
+    }
+    err2 += double(lane[i] - ref[i]) * (lane[i] - ref[i]);
+    ref2 += double(ref[i]) * ref[i];
+    differ += lane[i] != ref[i];
+    max_abs = std::max(max_abs, std::fabs(ref[i]));
+    if (same_routes) max_diff = std::max(max_diff, std::fabs(lane[i] - ref[i]));
+  }
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const auto top = [&](const std::vector<float>& l) {
+      return std::max_element(l.begin() + t * V, l.begin() + (t + 1) * V) - (l.begin() + t * V);
+    };
+    same_top1 += top(ref) == top(lane);
+  }
+  const double rel_rms = std::sqrt(err2 / ref2);
+  std::printf("CPU lane vs reference on MXFP4 experts: max |dlogit| %.5f of max |logit| %.4f (%.5f), "
+              "relative RMS %.5f, top-1 %zu/%zu, positions with a flipped expert choice %zu, checked %zu\n",
+              max_diff, max_abs, max_diff / max_abs, rel_rms, same_top1, tokens.size(), flipped, checked);
+  EXPECT_GT(differ, 0u) << "the lane was not used";
+  EXPECT_LE(max_diff, kQ8LogitTolerance * max_abs) << "max |logit| " << max_abs;
+  EXPECT_LT(double(flipped), kLaneMaxFlippedFraction * double(tokens.size()));
 }
 
 TEST_F(GgufModel, Q8DenseAndQ8EmbeddingRunExactlyTheirDecodedValues) {
@@ -432,7 +510,9 @@ Run run(const std::string& binary, const std::vector<std::string>& args, const f
 
 TEST_F(GgufModel, CliRunsAContainerExactlyAsItsDirectory) {
   const fs::path a = tmp_->path() / "dir.npy", b = tmp_->path() / "gguf.npy";
-  const std::vector<std::string> common = {"--threads", "1", "-p", "Hello GGUF, 42 times!", "--logits-out"};
+  // --cpu-lane 0: the container's MXFP4 experts on the exact reference path.
+  const std::vector<std::string> common = {"--threads", "1", "--cpu-lane", "0", "-p", "Hello GGUF, 42 times!",
+                                           "--logits-out"};
   auto args = [&](const fs::path& model, const fs::path& out) {
     std::vector<std::string> v = {"-m", model.string()};
     v.insert(v.end(), common.begin(), common.end());
@@ -448,7 +528,7 @@ TEST_F(GgufModel, CliRunsAContainerExactlyAsItsDirectory) {
   EXPECT_EQ(na, nb) << "logits files differ";
 
   // Generation too: same greedy tokens.
-  const std::vector<std::string> gen = {"--threads", "1", "-p", "abc", "-n", "6", "--ignore-eos"};
+  const std::vector<std::string> gen = {"--threads", "1", "--cpu-lane", "0", "-p", "abc", "-n", "6", "--ignore-eos"};
   auto with = [&](const fs::path& m) {
     std::vector<std::string> v = {"-m", m.string()};
     v.insert(v.end(), gen.begin(), gen.end());

@@ -65,6 +65,8 @@ void fill_weights(GgmlType type, uint8_t* w, size_t bytes, uint64_t seed) {
       case GgmlType::kQ4_K: std::memcpy(p, &d, 2), std::memcpy(p + 2, &d, 2); break;
       case GgmlType::kQ2_K: std::memcpy(p + 80, &d, 2), std::memcpy(p + 82, &d, 2); break;
       case GgmlType::kIQ2_XXS: std::memcpy(p, &d, 2); break;
+      case GgmlType::kQ3_K: std::memcpy(p + 108, &d, 2); break;
+      case GgmlType::kIQ4_XS: std::memcpy(p, &d, 2); break;
       case GgmlType::kMXFP4: p[0] = 120; break;
       default: break;
     }
@@ -104,7 +106,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string types = "Q8_0,Q4_K,Q2_K,IQ2_XXS,MXFP4";
+  std::string types = "Q8_0,Q4_K,Q3_K,Q2_K,IQ4_XS,IQ2_XXS,MXFP4";
   int64_t rows = 2048, cols = 4096, mib = 1024;
   int threads = omp_get_max_threads(), reps = 3;
   int64_t batch = 4;

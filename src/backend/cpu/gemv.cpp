@@ -35,6 +35,13 @@ const std::vector<GemvKernel>& kernel_table() {
        isa::gemm_mxfp4_q8_0_avx512},
       {"gemv_mxfp4_q8_0_avx2", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kAvx2, isa::gemv_mxfp4_q8_0_avx2},
       {"gemv_mxfp4_q8_0_scalar", GgmlType::kMXFP4, ActFormat::kQ8_0, Isa::kScalar, isa::gemv_mxfp4_q8_0_scalar},
+      // No AVX2 kernels yet for these two: without AVX-512 they stay on the reference path.
+      {"gemv_q3k_q8k_avx512", GgmlType::kQ3_K, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_q3k_q8k_avx512,
+       isa::gemm_q3k_q8k_avx512},
+      {"gemv_q3k_q8k_scalar", GgmlType::kQ3_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q3k_q8k_scalar},
+      {"gemv_iq4xs_q8k_avx512", GgmlType::kIQ4_XS, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_iq4xs_q8k_avx512,
+       isa::gemm_iq4xs_q8k_avx512},
+      {"gemv_iq4xs_q8k_scalar", GgmlType::kIQ4_XS, ActFormat::kQ8K, Isa::kScalar, isa::gemv_iq4xs_q8k_scalar},
   };
   return table;
 }

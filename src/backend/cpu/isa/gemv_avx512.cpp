@@ -22,6 +22,8 @@ namespace aff::cpu::isa {
 namespace {
 
 using quant::BlockIq2Xxs;
+using quant::BlockIq4Xs;
+using quant::BlockQ3K;
 using quant::BlockMxfp4;
 using quant::BlockQ2K;
 using quant::BlockQ4K;
@@ -43,6 +45,28 @@ inline __m512i dot_i8(__m512i w, __m512i x) {
 // Lanes 0-7 = lo, lanes 8-15 = hi.
 inline __m512 split_ps(float lo, float hi) {
   return _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+}
+
+// Q3_K's sixteen 6-bit scales (stored +32) as signed bytes, sub-block i in byte i: low
+// nibbles of bytes 0-7 are scales 0-7, their high nibbles 8-15, and byte 8 + i%4 holds
+// the two high bits of scale i at shift 2*(i/4). Word ops decode four at a time.
+inline __m128i q3k_unpack_scales(const uint8_t* s) {
+  const uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), a2 = load_u32(s + 8);
+  const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  const uint32_t s0 = (a0 & m4) | ((a2 & m2) << 4);
+  const uint32_t s1 = (a1 & m4) | (((a2 >> 2) & m2) << 4);
+  const uint32_t s2 = ((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4);
+  const uint32_t s3 = ((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4);
+  const __m128i u = _mm_set_epi32(int(s3), int(s2), int(s1), int(s0));
+  return _mm_sub_epi8(u, _mm_set1_epi8(32));
+}
+
+// IQ4_XS's eight 6-bit scales (stored +32) as signed bytes in the low 8 bytes: nibble i
+// of scales_l is the low part of scale i, bits 2i..2i+1 of scales_h the high part.
+inline __m128i iq4xs_unpack_scales(const uint8_t* scales_l, uint16_t scales_h) {
+  const uint64_t lo = _pdep_u64(load_u32(scales_l), 0x0f0f0f0f0f0f0f0full);
+  const uint64_t hi = _pdep_u64(scales_h, 0x0303030303030303ull) << 4;
+  return _mm_sub_epi8(_mm_cvtsi64_si128(int64_t(lo | hi)), _mm_set1_epi8(32));
 }
 
 inline float hsum256(__m256 v) {
@@ -200,6 +224,125 @@ struct Q2KDot {
       }
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(acc_min[t]);
+  }
+};
+
+struct Q3KDot {
+  using Block = BlockQ3K;
+  using Act = ActQ8K;
+  static constexpr int64_t kElems = 256;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i four = _mm512_set1_epi8(4);
+    const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    // Chunk c = 2n + jj holds elements 128n + 64jj .. +64 (as in Q2_K): low 2 bits at
+    // shifts 2*(2jj) / 2*(2jj+1) of qs[32n..], high bit = bit 4n+2jj / 4n+2jj+1 of hmask.
+    __m512i hbit[4], lane_sub[4];
+    for (int c = 0; c < 4; ++c) {
+      const int n = c / 2, jj = c % 2;
+      hbit[c] = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (4 * n + 2 * jj))),
+                                   _mm256_set1_epi8(char(1 << (4 * n + 2 * jj + 1))), 1);
+      alignas(64) int32_t idx[16];
+      for (int l = 0; l < 16; ++l) idx[l] = 4 * c + l / 4;
+      lane_sub[c] = _mm512_load_si512(idx);
+    }
+    __m512 acc[N];
+    __m256 acc_corr[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps(), acc_corr[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      // Signed 6-bit scales, one byte per sub-block of 16.
+      const __m128i sc8 = q3k_unpack_scales(w[b].scales);
+      // vpdpwssd reads each dword as two i16 words: the scale must sit in the low word
+      // with a zero high word, even when negative.
+      const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc8), _mm512_set1_epi32(0xffff));
+      // Codes are stored as q = value + 4 in [0, 7]; the -4 comes back through the
+      // activation block sums: sum_s sc_s * 4 * bsums_s, 8 lanes kept until the end.
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].hmask)));
+      const float d = f16(w[b].d);
+      __m512i sumi[N];
+      for (int t = 0; t < N; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+        acc_corr[t] = _mm256_fmadd_ps(_mm256_set1_ps(4.0f * d * a[t][b].d),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16)), acc_corr[t]);
+        sumi[t] = _mm512_setzero_si512();
+      }
+      for (int n = 0; n < 2; ++n) {
+        const __m512i qq =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n)));
+        for (int jj = 0; jj < 2; ++jj) {
+          const int c = 2 * n + jj;
+          const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(qq, jj ? shift23 : shift01), m3);
+          const __m512i q3 = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, hbit[c]), lo, four);
+          const __m512i scv = _mm512_permutexvar_epi32(lane_sub[c], sc32);
+          for (int t = 0; t < N; ++t) {
+            // |dot| <= 4*7*127 < 2^15: exact as i16, so vpdpwssd applies the scale.
+            const __m512i x = _mm512_loadu_si512(a[t][b].qs + 64 * c);
+            sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), q3, x), scv);
+          }
+        }
+      }
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(acc_corr[t]);
+  }
+};
+
+struct Iq4XsDot {
+  using Block = BlockIq4Xs;
+  using Act = ActQ8K;
+  static constexpr int64_t kElems = 256;
+  template <int N>
+  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+    // The non-linear values + 128, as unsigned bytes: vpdpbusd needs one unsigned side,
+    // and the +128 comes back as 128 * (sum of the activations) per sub-block.
+    alignas(16) uint8_t biased[16];
+    for (int i = 0; i < 16; ++i) biased[i] = uint8_t(quant::kValuesIq4nl[i] + 128);
+    const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(biased)));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // 128-bit lanes [A, A, B, B] of 32 code bytes: low/high nibbles of sub-block 2k, then 2k+1.
+    const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0,
+                                           4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0);
+    __m512i scale_idx[4];
+    for (int k = 0; k < 4; ++k) {
+      scale_idx[k] =
+          _mm512_mask_blend_epi32(__mmask16(0xff00), _mm512_set1_epi32(2 * k), _mm512_set1_epi32(2 * k + 1));
+    }
+    __m512 acc[N];
+    __m256 acc_corr[N];
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps(), acc_corr[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m128i sc8 = iq4xs_unpack_scales(w[b].scales_l, w[b].scales_h);  // 8 signed scales
+      const __m512i sc32 = _mm512_cvtepi8_epi32(sc8);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // one per 16 inputs
+      const float d = f16(w[b].d);
+      __m512i sumi[N];
+      for (int t = 0; t < N; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+        acc_corr[t] = _mm256_fmadd_ps(_mm256_set1_ps(128.0f * d * a[t][b].d),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16)), acc_corr[t]);
+        sumi[t] = _mm512_setzero_si512();
+      }
+      for (int k = 0; k < 4; ++k) {
+        const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k)));
+        const __m512i qq = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
+        const __m512i wv = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+        const __m512i scv = _mm512_permutexvar_epi32(scale_idx[k], sc32);
+        for (int t = 0; t < N; ++t) {
+          // |dot| <= 4*241*127: too wide for the i16 trick, so a 32-bit multiply.
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(a[t][b].qs + 64 * k));
+          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(p, scv));
+        }
+      }
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(acc_corr[t]);
   }
 };
 
@@ -375,6 +518,8 @@ AFF_AVX512_KERNELS(q4k_q8k, Q4KDot)
 AFF_AVX512_KERNELS(q2k_q8k, Q2KDot)
 AFF_AVX512_KERNELS(iq2xxs_q8k, Iq2XxsDot)
 AFF_AVX512_KERNELS(mxfp4_q8_0, Mxfp4Dot)
+AFF_AVX512_KERNELS(q3k_q8k, Q3KDot)
+AFF_AVX512_KERNELS(iq4xs_q8k, Iq4XsDot)
 #undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa
@@ -390,6 +535,8 @@ AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx512)
+AFF_UNREACHABLE_GEMV(gemv_q3k_q8k_avx512)
+AFF_UNREACHABLE_GEMV(gemv_iq4xs_q8k_avx512)
 #define AFF_UNREACHABLE_GEMM(name) \
   void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_q8_0_q8_0_avx512)
@@ -397,5 +544,7 @@ AFF_UNREACHABLE_GEMM(gemm_q4k_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_q2k_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_mxfp4_q8_0_avx512)
+AFF_UNREACHABLE_GEMM(gemm_q3k_q8k_avx512)
+AFF_UNREACHABLE_GEMM(gemm_iq4xs_q8k_avx512)
 }  // namespace aff::cpu::isa
 #endif

@@ -15,6 +15,8 @@ AFF_GEMV_DECL(gemv_q4k_q8k_scalar);
 AFF_GEMV_DECL(gemv_q2k_q8k_scalar);
 AFF_GEMV_DECL(gemv_iq2xxs_q8k_scalar);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_scalar);
+AFF_GEMV_DECL(gemv_q3k_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq4xs_q8k_scalar);
 
 AFF_GEMV_DECL(gemv_q8_0_q8_0_avx2);
 AFF_GEMV_DECL(gemv_q4k_q8k_avx2);
@@ -27,6 +29,8 @@ AFF_GEMV_DECL(gemv_q4k_q8k_avx512);
 AFF_GEMV_DECL(gemv_q2k_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx512);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx512);
+AFF_GEMV_DECL(gemv_q3k_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq4xs_q8k_avx512);
 
 // Batched kernels (GemmFn): one pass over the rows for n tokens, decode shared.
 #define AFF_GEMM_DECL(name)                                                                                  \
@@ -38,6 +42,8 @@ AFF_GEMM_DECL(gemm_q4k_q8k_avx512);
 AFF_GEMM_DECL(gemm_q2k_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq2xxs_q8k_avx512);
 AFF_GEMM_DECL(gemm_mxfp4_q8_0_avx512);
+AFF_GEMM_DECL(gemm_q3k_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq4xs_q8k_avx512);
 
 #undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL

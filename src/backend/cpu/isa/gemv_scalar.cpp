@@ -42,4 +42,11 @@ void gemv_mxfp4_q8_0_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t 
   gemv_dequant(quant::GgmlType::kMXFP4, ActFormat::kQ8_0, w, rb, rows, cols, a, y);
 }
 
+void gemv_q3k_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kQ3_K, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
+void gemv_iq4xs_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kIQ4_XS, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
+
 }  // namespace aff::cpu::isa
