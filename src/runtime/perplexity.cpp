@@ -92,7 +92,8 @@ Status run_chunk(const dsv4::LoadedModel& model, const TextChunk& chunk, const P
     const int64_t cnt = rows_end - mtp_done;
     AFF_RETURN_IF_ERROR(dsv4::mtp_forward(model, *mtp_state,
                                           std::span<const float>(pending.data(), size_t(cnt * row_values)),
-                                          ids.subspan(size_t(mtp_done + 1), size_t(cnt)), true, mtp_logits));
+                                          ids.subspan(size_t(mtp_done + 1), size_t(cnt)), true, mtp_logits,
+                                          /*block=*/0, fo.route_observer));
     for (int64_t j = 0; j < cnt; ++j) {
       const int64_t t = mtp_done + j;
       const RowScore s = score_row(mtp_logits.data() + j * V, V, ids[size_t(t + 2)]);

@@ -46,8 +46,9 @@ struct PerplexityOptions {
   bool mtp = true;               // also score the MTP head when the model has one
   int max_layers = -1;           // debug options passed to the forward pass
   bool no_routed_experts = false;
-  // Sees every MoE layer's routing; positions count all chunks' positions in
-  // order (BOS insertions included), so they grow across the whole text.
+  // Sees every MoE layer's routing (the MTP block's too, as layer num_layers,
+  // when it is scored); positions count all chunks' positions in order (BOS
+  // insertions included), so they grow across the whole text.
   const dsv4::RouteObserver* route_observer = nullptr;
   // Called after each chunk with the totals so far (progress display).
   std::function<void(int64_t chunks_done, int64_t chunks_total)> progress;

@@ -38,7 +38,7 @@ double top_share(std::vector<int64_t> counts, double fraction) {
 }
 
 RouteStatsRecorder::RouteStatsRecorder(const dsv4::ModelConfig& cfg)
-    : n_experts_(cfg.n_routed_experts), n_hash_layers_(cfg.num_hash_layers) {
+    : n_experts_(cfg.n_routed_experts), n_hash_layers_(cfg.num_hash_layers), n_layers_(cfg.num_layers) {
   observer_ = [this](int layer, int64_t pos0, const dsv4::Routing& r) { observe(layer, pos0, r); };
 }
 
@@ -49,6 +49,7 @@ void RouteStatsRecorder::observe(int layer, int64_t pos0, const dsv4::Routing& r
   if (L.last_use.empty()) {
     L.stats.layer = layer;
     L.stats.hash = layer < n_hash_layers_;
+    L.stats.mtp = layer >= n_layers_;
     L.stats.expert_counts.assign(size_t(n_experts_), 0);
     L.last_use.assign(size_t(n_experts_), -1);
   }
@@ -81,19 +82,22 @@ std::vector<LayerRouteStats> RouteStatsRecorder::layers() const {
   return out;
 }
 
+const char* router_name(const LayerRouteStats& l) { return l.hash ? "hash" : l.mtp ? "mtp" : "gate"; }
+
 std::string route_stats_table(const std::vector<LayerRouteStats>& layers) {
   std::string out = "Expert routing per layer: top-10% share = activations taken by the busiest 10% of experts "
                     "(uniform = 10%);\nreuse distance = tokens since the expert was last chosen in the layer "
                     "(% of activations).\n";
   out += fmt::format("{:>5} {:>7} {:>9} {:>8} {:>8}", "layer", "router", "tokens", "experts", "top10%");
-  for (int b = 0; b < kReuseBuckets; ++b) out += fmt::format(" {:>7}", reuse_bucket_label(b));
+  for (int b = 0; b < kReuseBuckets; ++b) out += fmt::format(" {:>8}", reuse_bucket_label(b));
   out += '\n';
   for (const LayerRouteStats& l : layers) {
     const int64_t used = std::count_if(l.expert_counts.begin(), l.expert_counts.end(), [](int64_t c) { return c > 0; });
-    out += fmt::format("{:>5} {:>7} {:>9} {:>8} {:>7.2f}%", l.layer, l.hash ? "hash" : "gate", l.tokens,
+    out += fmt::format("{:>5} {:>7} {:>9} {:>8} {:>7.2f}%", l.layer, router_name(l), l.tokens,
                        fmt::format("{}/{}", used, l.expert_counts.size()), 100.0 * l.top10_share);
     for (int b = 0; b < kReuseBuckets; ++b)
-      out += fmt::format(" {:>6.2f}%", l.activations > 0 ? 100.0 * double(l.reuse[size_t(b)]) / double(l.activations) : 0.0);
+      out += fmt::format(" {:>7.2f}%",
+                         l.activations > 0 ? 100.0 * double(l.reuse[size_t(b)]) / double(l.activations) : 0.0);
     out += '\n';
   }
   return out;
@@ -105,7 +109,7 @@ nlohmann::json route_stats_json(const std::vector<LayerRouteStats>& layers) {
     nlohmann::json hist = nlohmann::json::object();
     for (int b = 0; b < kReuseBuckets; ++b) hist[reuse_bucket_label(b)] = l.reuse[size_t(b)];
     arr.push_back({{"layer", l.layer},
-                   {"router", l.hash ? "hash" : "gate"},
+                   {"router", router_name(l)},
                    {"tokens", l.tokens},
                    {"activations", l.activations},
                    {"top10_share", l.top10_share},

@@ -29,6 +29,7 @@ std::string reuse_bucket_label(int bucket);           // "1", "2-3", ..., ">=102
 struct LayerRouteStats {
   int layer = 0;
   bool hash = false;                   // routed by tid2eid (token id) instead of the learned gate
+  bool mtp = false;                    // an MTP block (layer ids from num_layers on)
   int64_t tokens = 0;
   int64_t activations = 0;             // tokens x experts per token
   std::vector<int64_t> expert_counts;  // [n_routed_experts]
@@ -58,11 +59,13 @@ class RouteStatsRecorder {
   };
   int n_experts_ = 0;
   int n_hash_layers_ = 0;
+  int n_layers_ = 0;
   std::vector<Layer> layers_;  // indexed by layer id (main layers, then MTP blocks)
   dsv4::RouteObserver observer_;
 };
 
 double top_share(std::vector<int64_t> counts, double fraction);
+const char* router_name(const LayerRouteStats& l);  // "hash", "gate" or "mtp"
 std::string route_stats_table(const std::vector<LayerRouteStats>& layers);
 nlohmann::json route_stats_json(const std::vector<LayerRouteStats>& layers);
 

@@ -183,8 +183,17 @@ class PerplexityCli : public ::testing::Test {
     static int counter = 0;
     const fs::path out = dir_ / ("out" + std::to_string(counter)), err = dir_ / ("err" + std::to_string(counter++));
     std::string cmd = quote(std::string(AFFINITY_BIN_DIR) + "/affinity");
-    for (const std::string& a : args) cmd += " " + quote(a);
-    cmd += " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
+    for (const std::string& a : args) {
+      cmd += ' ';
+      cmd += quote(a);
+    }
+    // Appended piece by piece: "literal" + std::string&& trips a GCC 12
+    // -Wrestrict false positive.
+    cmd += " >";
+    cmd += quote(out.string());
+    cmd += " 2>";
+    cmd += quote(err.string());
+    cmd += " </dev/null";
     const int status = std::system(cmd.c_str());
     CliRun r;
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

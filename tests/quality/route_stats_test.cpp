@@ -146,5 +146,31 @@ TEST(RouteStats, HashLayersFollowTid2eid) {
   }
 }
 
+// When the MTP head is scored its block's routing is recorded too, as layer
+// num_layers, one row per MTP prediction.
+TEST(RouteStats, MtpBlockWhenScoring) {
+  std::mt19937_64 rng(std::random_device{}());
+  const dsv4::ModelConfig cfg = quality_test::mtp_config();
+  auto m = dsv4::testing::random_model(cfg, rng());
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> text = quality_test::random_tokens(rng, 89, cfg.vocab_size);
+  runtime::RouteStatsRecorder rec(cfg);
+  runtime::PerplexityOptions po;
+  po.context = 40;
+  po.bos_id = cfg.bos_token_id;
+  po.batch = 11;
+  po.route_observer = &rec.observer();
+  auto r = runtime::evaluate_perplexity(*m, text, po);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  const auto layers = rec.layers();
+  ASSERT_EQ(int(layers.size()), cfg.num_layers + 1);
+  EXPECT_TRUE(layers.back().mtp);
+  EXPECT_STREQ(runtime::router_name(layers.back()), "mtp");
+  EXPECT_EQ(layers.back().tokens, r.value().mtp.predictions);
+  EXPECT_EQ(layers.front().tokens, r.value().positions);
+  const std::string table = runtime::route_stats_table(layers);
+  EXPECT_NE(table.find(" mtp "), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace aff
