@@ -48,7 +48,10 @@ def base_url():
         pytest.skip("e2e server tests need AFF_E2E_BASE_URL, or AFF_E2E_AFFINITY_BIN and AFF_E2E_MODEL "
                     "(the tiny model) to start `affinity -m MODEL --port N`")
     port = _free_port()
-    proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)],
+    # --max-tokens-floor 0: honour the tests' max_tokens (the default floor raises
+    # every chat request to 256000 tokens, as the reference design does).
+    proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                             "--max-tokens-floor", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
