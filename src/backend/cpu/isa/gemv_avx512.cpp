@@ -385,8 +385,9 @@ struct Iq2XxsDot {
       // 2*scale+1 per group, <= 31, in the low half of each dword (high half zero).
       const __m512i sc = _mm512_srli_epi32(_mm512_loadu_si512(q), 28);
       const __m512i sc21 = _mm512_add_epi32(_mm512_add_epi32(sc, sc), _mm512_set1_epi32(1));
-      __m512i sumi[N];
-      for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
+      // Two integer accumulators (even and odd steps) halve the vpdpwssd dependency chain.
+      __m512i sumi[2][N];
+      for (int t = 0; t < N; ++t) sumi[0][t] = sumi[1][t] = _mm512_setzero_si512();
       for (int k = 0; k < 4; ++k) {
         const uint8_t* g = q + 16 * k;
         const __m256i lo = _mm256_set_m128i(grid2(grid, g[2], g[3]), grid2(grid, g[0], g[1]));
@@ -399,12 +400,14 @@ struct Iq2XxsDot {
           const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
           // |dot| <= 4*43*127 < 2^15, so the i32 lanes are exact i16 values and vpdpwssd
           // against the (scale, 0) word pairs applies the group scale and accumulates.
-          sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs), scv);
+          sumi[k & 1][t] =
+              _mm512_dpwssd_epi32(sumi[k & 1][t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), gv, xs), scv);
         }
       }
       const float d = f16(w[b].d) * 0.125f;
       for (int t = 0; t < N; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[t][b].d),
+                                 _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[0][t], sumi[1][t])), acc[t]);
       }
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
