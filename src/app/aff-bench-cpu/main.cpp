@@ -8,7 +8,9 @@
 // type says whether that pick was the fastest with its weights in L2 ("L2 Gw/s", one
 // thread: compute speed, which DRAM-bound runs hide). "gemm xN" streams the same
 // experts for N tokens at once (prefill, experts hit by several tokens): its GB/s are
-// weight bytes per second, its Gw/s count every token's multiply-adds.
+// weight bytes per second, its Gw/s count every token's multiply-adds. "rows split per
+// expert" is the engine's decode path (cpu::linear_fast_rows, one projection at a time
+// split over all threads).
 #include <omp.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "backend/cpu/act_quant.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/linear_fast.h"
 #include "core/dtype.h"
 #include "quant/blocks.h"
 #include "quant/type_traits.h"
@@ -230,6 +233,41 @@ int main(int argc, char** argv) {
     if (batch > 1) {
       report(fmt::format("  gemm x{} ({})", batch, aff::cpu::isa_name(selected->isa)), run(*selected, 1, batch),
              run(*selected, threads, batch), batch, 0);
+    }
+    // The engine's decode path: ref::linear -> cpu::linear_fast_rows for one token, one
+    // expert after another, each split by rows over all threads (a fork/join per
+    // projection, the f32 activation quantised inside). Compare with the whole-expert
+    // rows above to see what the per-projection split costs.
+    if (disable.empty()) {
+      std::vector<aff::dsv4::Linear> lins(static_cast<size_t>(n_exp));
+      for (int64_t e = 0; e < n_exp; ++e) {
+        auto& l = lins[size_t(e)];
+        l.weight.dtype = aff::DType::kU8;
+        l.weight.shape = {rows, row_bytes};
+        l.weight.data = w.data() + e * expert_bytes;
+        l.weight.nbytes = uint64_t(expert_bytes);
+        l.format = aff::dsv4::WeightFormat::kGgml;
+        l.ggml_type = int(*type);
+        l.out = rows;
+        l.in = cols;
+      }
+      auto run_split = [&](int nt) {
+        const int saved = omp_get_max_threads(), saved_dynamic = omp_get_dynamic();
+        omp_set_num_threads(nt);
+        // As the forward pass does (ref::adapt_threads_to_load): OpenMP may shrink a team
+        // to the cores that are free, unless OMP_DYNAMIC says otherwise.
+        if (std::getenv("OMP_DYNAMIC") == nullptr) omp_set_dynamic(1);
+        double best_s = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const auto t0 = Clock::now();
+          for (const auto& l : lins) aff::cpu::linear_fast_rows(l, 0, rows, x.data(), cols, 1, y.data(), rows);
+          best_s = std::min(best_s, seconds_since(t0));
+        }
+        omp_set_num_threads(saved);
+        omp_set_dynamic(saved_dynamic);
+        return best_s;
+      };
+      report("  rows split per expert", run_split(1), run_split(threads), 1, 0);
     }
     std::printf("  %s: selected %s%s\n", tn.c_str(), std::string(selected->name).c_str(),
                 best == selected->name ? " (fastest with weights in L2)"
