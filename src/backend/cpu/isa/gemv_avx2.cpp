@@ -47,18 +47,28 @@ float dot_q8_0(const BlockQ8_0* w, const ActQ8_0* a, int64_t nb) {
   return hsum(acc);
 }
 
+// Broadcast masks for vpshufb: within each 128-bit lane, i16 element j everywhere.
+inline __m256i i16_bcast_mask(int lo_j, int hi_j) {
+  return _mm256_setr_m128i(_mm_set1_epi16(int16_t(((2 * lo_j + 1) << 8) | (2 * lo_j))),
+                           _mm_set1_epi16(int16_t(((2 * hi_j + 1) << 8) | (2 * hi_j))));
+}
+
 float dot_q4k(const BlockQ4K* w, const ActQ8K* a, int64_t nb) {
   const __m256i m4 = _mm256_set1_epi8(0x0f);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0.0f;
+  __m256i bcast[8];
+  for (int j = 0; j < 8; ++j) bcast[j] = i16_bcast_mask(j, j);
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = f16(w[b].d) * a[b].d;
-    const float dmin = f16(w[b].dmin) * a[b].d;
-    int sc[8], m[8];
-    for (int j = 0; j < 8; ++j) q4k_scale_min(w[b].scales, j, &sc[j], &m[j]);
-    int summ = 0;
-    for (int j = 0; j < 8; ++j) summ += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-    acc_min += dmin * float(summ);
+    // All eight 6-bit scales and mins at once (word ops), as i16 in both 128-bit lanes.
+    uint64_t sc, mn;
+    q4k_unpack_scales(w[b].scales, &sc, &mn);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+    // The mins: sum_j m_j * (bsums[2j] + bsums[2j+1]), kept as 8 lanes until the end.
+    const __m128i m8 = _mm_cvtsi64_si128(int64_t(mn));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d),
+                              _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)))),
+                              acc_min);
     __m256i sumi = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * k));
@@ -66,26 +76,34 @@ float dot_q4k(const BlockQ4K* w, const ActQ8K* a, int64_t nb) {
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 64 * k));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 64 * k + 32));
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_set1_epi16(int16_t(sc[2 * k])));
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_set1_epi16(int16_t(sc[2 * k + 1])));
+      // maddubs pairs stay below 2*15*127: no saturation.
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_shuffle_epi8(sc16, bcast[2 * k]));
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_shuffle_epi8(sc16, bcast[2 * k + 1]));
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].d) * a[b].d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) - acc_min;
+  return hsum(acc) - hsum(acc_min);
 }
 
 float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
   const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0.0f;
+  // Step j of a 128-element half: low 16 elements are sub-block 2j, high 16 are 2j+1
+  // (relative to the half's eight sub-blocks).
+  __m256i bcast[4];
+  for (int j = 0; j < 4; ++j) bcast[j] = i16_bcast_mask(2 * j, 2 * j + 1);
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = f16(w[b].d) * a[b].d;
-    const float dmin = f16(w[b].dmin) * a[b].d;
-    const uint8_t* s = w[b].scales;
-    int summ = 0;
-    for (int i = 0; i < 16; ++i) summ += (s[i] >> 4) * a[b].bsums[i];
-    acc_min += dmin * float(summ);
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales));
+    const __m128i sc = _mm_and_si128(s8, _mm_set1_epi8(0x0f));
+    // The mins: sum_i (scales[i] >> 4) * bsums[i], kept as 8 lanes until the end.
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0x0f)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].dmin) * a[b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                              acc_min);
+    // Scales of sub-blocks 8n..8n+7 as i16, in both 128-bit lanes.
+    const __m256i sc16[2] = {_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc)),
+                             _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(sc, 8)))};
     __m256i sumi = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n));
@@ -93,15 +111,13 @@ float dot_q2k(const BlockQ2K* w, const ActQ8K* a, int64_t nb) {
         // 32 elements 128n + 32j..: first 16 are sub-block 8n+2j, next 16 sub-block 8n+2j+1.
         const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 128 * n + 32 * j));
-        const int t = 8 * n + 2 * j;
-        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(int16_t(s[t + 1] & 0x0f)),
-                                             _mm_set1_epi16(int16_t(s[t] & 0x0f)));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q2, x), scv));
+        sumi = _mm256_add_epi32(
+            sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q2, x), _mm256_shuffle_epi8(sc16[n], bcast[j])));
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].d) * a[b].d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) - acc_min;
+  return hsum(acc) - hsum(acc_min);
 }
 
 float dot_iq2xxs(const BlockIq2Xxs* w, const ActQ8K* a, int64_t nb) {
