@@ -1,4 +1,4 @@
-// Scalar helpers shared by the ISA kernels: block scale decodes and the sign table.
+// Scalar helpers shared by the ISA kernels: block scale decodes and lookup tables.
 // Header-only and `static` on purpose: each ISA translation unit gets its own copy
 // compiled for its own target, so no AVX-512 code can leak into another TU by way of
 // an inline function the linker de-duplicates.
@@ -13,17 +13,6 @@
 
 namespace aff::cpu::isa {
 namespace {
-
-// Q4_K's 6-bit scale and min of sub-block j (ggml get_scale_min_k4).
-[[maybe_unused]] inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 // All eight Q4_K scales and mins at once, one byte each (sub-block j in byte j): the
 // 12 packed bytes read as three little-endian words, so four sub-blocks decode per op.
