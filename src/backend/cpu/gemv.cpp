@@ -12,7 +12,10 @@ namespace {
 
 using quant::GgmlType;
 
-// Fastest ISA first within each weight type.
+// Preferred ISA first within each weight type. AVX-512 leads everywhere: it is the
+// fastest on Zen 4 for IQ2_XXS/MXFP4, within 10% there for Q8_0/Q4_K/Q2_K (512-bit ops
+// run as two halves on Zen 4, natively on Intel server cores), and the only ISA with
+// fused multi-token gemm kernels (docs/kernels/cpu-gemv.md, "Selector").
 const std::vector<GemvKernel>& kernel_table() {
   static const std::vector<GemvKernel> table = {
       {"gemv_q8_0_q8_0_avx512", GgmlType::kQ8_0, ActFormat::kQ8_0, Isa::kAvx512, isa::gemv_q8_0_q8_0_avx512,

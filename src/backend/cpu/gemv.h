@@ -7,7 +7,7 @@
 // pure function of (weight type, CPU features); callers then just call the pointer.
 //   scalar:  any CPU; dequantises each row and dots in f32 (the portable fallback)
 //   avx2:    AVX2 + FMA + F16C
-//   avx512:  AVX-512 F/BW/VL + VNNI (vpdpbusd); without VNNI the avx2 kernels run
+//   avx512:  AVX-512 F/BW/VL + VNNI (vpdpbusd) + BMI2; without VNNI the avx2 kernels run
 // AMX is not used: for one activation vector (decode) a tile multiply buys nothing over
 // VNNI while the weights stream from DRAM.
 #pragma once
