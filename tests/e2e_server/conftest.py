@@ -36,6 +36,23 @@ def _wait_healthy(url, proc=None, timeout=300):
     raise RuntimeError(f"{url}/health not ready after {timeout}s")
 
 
+# The pid of the server this session started (None for AFF_E2E_BASE_URL), so
+# tests can read its thread count and resident memory from /proc.
+SERVER = {"pid": None}
+
+
+def server_proc_status(field):
+    """An integer field of /proc/<server pid>/status (e.g. Threads, VmRSS in kB), or None."""
+    pid = SERVER["pid"]
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
 @pytest.fixture(scope="session")
 def base_url():
     url = os.environ.get("AFF_E2E_BASE_URL")
@@ -52,10 +69,11 @@ def base_url():
     # every chat request to 256000 tokens, as the reference design does).
     proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
                              "--max-tokens-floor", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
+        SERVER["pid"] = proc.pid
         yield url
     finally:
         proc.terminate()

@@ -1,7 +1,9 @@
 """The official openai client against affinity serving the tiny model."""
+import collections
 import concurrent.futures
 import json
 import random
+import time
 import urllib.error
 import urllib.request
 
@@ -69,14 +71,28 @@ def test_completions(client, model_id):
 
 
 def test_bounded_load(client, model_id):
-    """32 clients x 20 requests, zero failures."""
+    """32 clients x 20 requests, zero failures, no leaked threads, no memory growth."""
+    from conftest import server_proc_status
+
     def one(i):
         r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": f"hi {i}"}],
                                            max_tokens=4, extra_body={"thinking": {"type": "disabled"}})
         return r.choices[0].finish_reason
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(one, range(32 * 20)))
-    assert all(f in ("stop", "length") for f in results)
+
+    def burst(n):
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            return list(pool.map(one, range(n)))
+
+    burst(64)  # warm up: worker pools and session buffers reach their steady size
+    threads0, rss0 = server_proc_status("Threads"), server_proc_status("VmRSS")
+    results = burst(32 * 20)
+    assert all(f in ("stop", "length") for f in results), collections.Counter(results)
+    if threads0 is not None:
+        time.sleep(1.0)  # let finished requests release their sessions
+        threads1, rss1 = server_proc_status("Threads"), server_proc_status("VmRSS")
+        assert threads1 <= threads0, (threads0, threads1)
+        # 640 requests after warm-up: allow allocator noise, not per-request growth.
+        assert rss1 - rss0 < 32 * 1024, (rss0, rss1)
 
 
 def test_fuzzed_bodies_never_crash(base_url, model_id):
