@@ -236,12 +236,16 @@ Status GgufFile::parse_all() {
     if (n_dims == 0 || n_dims > uint32_t(kGgufMaxDims)) {
       return c.fail(fmt::format("{}: n_dims {} outside [1, {}]", what, n_dims, kGgufMaxDims));
     }
-    int64_t n_elements = 1;
+    // Both the element count and the row count (dims 1..) must fit: a zero in
+    // one dimension keeps the element count at 0 however large the others are,
+    // so the row product is checked on its own.
+    int64_t n_elements = 1, n_rows = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne;
       AFF_RETURN_IF_ERROR(c.read(&ne, what + " shape"));
       if (ne > uint64_t(std::numeric_limits<int64_t>::max()) ||
-          __builtin_mul_overflow(n_elements, int64_t(ne), &n_elements)) {
+          __builtin_mul_overflow(n_elements, int64_t(ne), &n_elements) ||
+          (d > 0 && __builtin_mul_overflow(n_rows, int64_t(ne), &n_rows))) {
         return c.fail(fmt::format("{}: shape dimension {} = {} overflows the element count", what, d, ne));
       }
       t.ne.push_back(int64_t(ne));

@@ -188,6 +188,11 @@ TEST(GgufHostile, BadShapes) {
   s.tensors[0].ne = {~uint64_t(0)};  // negative as int64
   expect_rejected(build(s), "a.weight");
   s = Spec{};
+  // A zero dimension keeps the element count at 0, but the row count still
+  // overflows (found by the fuzzer).
+  s.tensors[0].ne = {0, uint64_t(1) << 40, uint64_t(1) << 40};
+  expect_rejected(build(s), "a.weight");
+  s = Spec{};
   s.tensors[0].type = 12;  // Q4_K needs rows of 256
   expect_rejected(build(s), "a.weight");
   s = Spec{};
