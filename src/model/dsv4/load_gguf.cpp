@@ -183,23 +183,12 @@ class GgufBinder final : public LayoutVisitor {
     return l;
   }
 
-  // tid2eid indexes the expert table directly: a bad id must fail here, not
-  // become an out-of-range read in the forward pass.
   Status check_expert_ids(const TensorView& t, const std::string& hf) const {
-    const int64_t n = t.numel(), E = c_.n_routed_experts, K = c_.n_experts_per_tok;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t id;
-      if (t.dtype == DType::kI64) {
-        std::memcpy(&id, t.data + i * 8, 8);
-      } else {
-        int32_t v32;
-        std::memcpy(&v32, t.data + i * 4, 4);
-        id = v32;
-      }
-      if (id < 0 || id >= E) {
-        return corrupt(fmt::format("{}: tensor '{}' ({}): expert id {} at token {}, slot {} is outside [0, {})",
-                                   f_.label(), t.name, hf, id, i / K, i % K, E));
-      }
+    if (const auto bad = find_bad_expert_id(t, c_.n_routed_experts)) {
+      const int64_t K = c_.n_experts_per_tok;
+      return corrupt(fmt::format("{}: tensor '{}' ({}): expert id {} at token {}, slot {} is outside [0, {})",
+                                 f_.label(), t.name, hf, bad->id, bad->index / K, bad->index % K,
+                                 c_.n_routed_experts));
     }
     return Status::ok();
   }

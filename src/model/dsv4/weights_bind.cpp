@@ -265,23 +265,11 @@ class Binder final : public LayoutVisitor {
                                shape_string(t.shape), shape_string(want)));
   }
 
-  // tid2eid rows index the expert table directly; an out-of-range id in the
-  // file must not become an out-of-range read in the forward pass.
   Status check_expert_ids(const TensorView& t) const {
-    const int64_t n = t.numel(), E = c_.n_routed_experts, K = c_.n_experts_per_tok;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t id;
-      if (t.dtype == DType::kI64) {
-        std::memcpy(&id, t.data + i * 8, 8);
-      } else {
-        int32_t v32;
-        std::memcpy(&v32, t.data + i * 4, 4);
-        id = v32;
-      }
-      if (id < 0 || id >= E) {
-        return corrupt(fmt::format("{}: tensor '{}': expert id {} at [{}, {}] is outside [0, {})", t.file, t.name,
-                                   id, i / K, i % K, E));
-      }
+    if (const auto bad = find_bad_expert_id(t, c_.n_routed_experts)) {
+      const int64_t K = c_.n_experts_per_tok;
+      return corrupt(fmt::format("{}: tensor '{}': expert id {} at [{}, {}] is outside [0, {})", t.file, t.name,
+                                 bad->id, bad->index / K, bad->index % K, c_.n_routed_experts));
     }
     return Status::ok();
   }
@@ -302,6 +290,22 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const format::TensorIn
   Binder binder(cfg, index);
   AFF_RETURN_IF_ERROR(walk_checkpoint_layout(cfg, binder, &w));
   return w;
+}
+
+std::optional<BadExpertId> find_bad_expert_id(const TensorView& t, int64_t n_experts) {
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t id;
+    if (t.dtype == DType::kI64) {
+      std::memcpy(&id, t.data + i * 8, 8);
+    } else {
+      int32_t v32;
+      std::memcpy(&v32, t.data + i * 4, 4);
+      id = v32;
+    }
+    if (id < 0 || id >= n_experts) return BadExpertId{i, id};
+  }
+  return std::nullopt;
 }
 
 }  // namespace aff::dsv4

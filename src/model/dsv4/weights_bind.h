@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "affinity/status.h"
@@ -59,6 +60,16 @@ Status walk_checkpoint_layout(const ModelConfig& cfg, LayoutVisitor& v, ModelWei
 // "<shard>: tensor 'layers.3.attn.wq_b.weight': shape [64, 96] does not match
 // the expected [512, 128]" or "<index>: tensor '...' is missing".
 Result<ModelWeights> bind_weights(const ModelConfig& cfg, const format::TensorIndex& index);
+
+// tid2eid rows index the expert table directly, so a loader must reject any id
+// outside [0, n_experts) rather than let it become an out-of-range read in the
+// forward pass. `t` is I64 or I32, [vocab, k] row-major. Returns the flat index
+// of the first bad entry and its value, or nothing when every id is in range.
+struct BadExpertId {
+  int64_t index;
+  int64_t id;
+};
+std::optional<BadExpertId> find_bad_expert_id(const TensorView& t, int64_t n_experts);
 
 // Shape of the E8M0 scale of an FP8 block-quantised [out, in] weight.
 inline std::vector<int64_t> fp8_scale_shape(int64_t out, int64_t in, int block) {
