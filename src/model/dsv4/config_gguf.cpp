@@ -92,6 +92,27 @@ class MetaReader {
   bool has(std::string_view k) const { return f_.find(k) != nullptr; }
   const Status& status() const { return status_; }
 
+  // The value of key k read by `get`; the fallback when k is absent; nothing
+  // when the reader has already failed, or k is required and missing or
+  // unreadable (the failure then sticks in status_).
+  template <typename T, typename Get>
+  std::optional<T> read(std::string_view k, std::optional<T> fallback, Get get) {
+    if (!status_.is_ok()) return std::nullopt;
+    if (!has(k)) {
+      if (!fallback) status_ = missing(k);
+      return fallback;
+    }
+    auto r = get(k);
+    if (!r) {
+      status_ = r.status();
+      return std::nullopt;
+    }
+    return std::move(r).value();
+  }
+  Status missing(std::string_view k) const {
+    return not_found(fmt::format("{}: metadata key '{}' is missing (required for deepseek4)", f_.label(), k));
+  }
+
   // Non-negative integer that fits an int; required unless a fallback is given.
   int i32(std::string_view k, std::optional<int> fallback = std::nullopt) {
     const int64_t v = i64(k, fallback ? std::optional<int64_t>(*fallback) : std::nullopt);
@@ -99,52 +120,23 @@ class MetaReader {
     return int(v);
   }
   int64_t i64(std::string_view k, std::optional<int64_t> fallback = std::nullopt) {
-    if (!status_.is_ok()) return 0;
-    if (!has(k)) {
-      if (fallback) return *fallback;
-      status_ = not_found(fmt::format("{}: metadata key '{}' is missing (required for deepseek4)", f_.label(), k));
-      return 0;
-    }
-    auto r = f_.get_int(k);
-    if (!r) {
-      status_ = r.status();
-      return 0;
-    }
-    if (*r < 0) fail(k, fmt::format("value {} is negative", *r));
-    return *r;
+    const auto v = read<int64_t>(k, fallback, [&](std::string_view key) { return f_.get_int(key); });
+    if (!v) return 0;
+    if (*v < 0) fail(k, fmt::format("value {} is negative", *v));
+    return *v;
   }
   double f64(std::string_view k, std::optional<double> fallback = std::nullopt) {
-    if (!status_.is_ok()) return 0;
-    if (!has(k)) {
-      if (fallback) return *fallback;
-      status_ = not_found(fmt::format("{}: metadata key '{}' is missing (required for deepseek4)", f_.label(), k));
-      return 0;
-    }
-    auto r = f_.get_float(k);
-    if (!r) {
-      status_ = r.status();
-      return 0;
-    }
-    if (!std::isfinite(*r)) fail(k, "value is not finite");
-    return *r;
+    const auto v = read<double>(k, fallback, [&](std::string_view key) { return f_.get_float(key); });
+    if (!v) return 0;
+    if (!std::isfinite(*v)) fail(k, "value is not finite");
+    return *v;
   }
   bool boolean(std::string_view k, bool fallback) {
-    if (!status_.is_ok() || !has(k)) return fallback;
-    auto r = f_.get_bool(k);
-    if (!r) {
-      status_ = r.status();
-      return fallback;
-    }
-    return *r;
+    return read<bool>(k, fallback, [&](std::string_view key) { return f_.get_bool(key); }).value_or(fallback);
   }
   std::string str(std::string_view k, std::string fallback) {
-    if (!status_.is_ok() || !has(k)) return fallback;
-    auto r = f_.get_string(k);
-    if (!r) {
-      status_ = r.status();
-      return fallback;
-    }
-    return *r;
+    return read<std::string>(k, fallback, [&](std::string_view key) { return f_.get_string(key); })
+        .value_or(std::move(fallback));
   }
   // A numeric array (a scalar counts as one entry) as ints.
   std::vector<int> int_array(std::string_view k, bool required) {
@@ -152,8 +144,7 @@ class MetaReader {
     if (!status_.is_ok()) return out;
     const GgufValue* v = f_.find(k);
     if (!v) {
-      if (required) status_ = not_found(fmt::format("{}: metadata key '{}' is missing (required for deepseek4)",
-                                                    f_.label(), k));
+      if (required) status_ = missing(k);
       return out;
     }
     if (!v->is_array()) {
