@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -42,6 +43,9 @@ Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_
   Workspace& ws = st.ws;
   AFF_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(ws.tokens.data(), tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, s));
+  // Pageable source: the copy is staged before the call returns, so a local is safe.
+  const StepInfo step{pos0, T};
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, s));
   float* h = ws.h.as<float>();
   float* x = ws.x.as<float>();
   float* y = ws.y.as<float>();

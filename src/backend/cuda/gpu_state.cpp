@@ -1,5 +1,7 @@
 #include "backend/cuda/gpu_state.h"
 
+#include "backend/cuda/runtime/step_info.h"
+
 #include <algorithm>
 #include <string>
 
@@ -62,6 +64,7 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, int64
       ref::rope_inv_freq(cfg.compress_rope_theta, cfg.rope_dim, cfg.rope_scaling.yarn ? &yarn : nullptr);
   AFF_ASSIGN_OR_RETURN(st->rope_main, upload_vector(main, "rope frequencies"));
   AFF_ASSIGN_OR_RETURN(st->rope_compress, upload_vector(comp, "rope frequencies"));
+  AFF_RETURN_IF_ERROR(alloc(st->step, 1, sizeof(StepInfo), "step info"));
 
   const int64_t T = max_chunk, D = c.hidden_size, hc = c.hc_mult, H = c.num_heads, Dh = c.head_dim;
   const int64_t k = std::max(c.n_experts_per_tok, 1);

@@ -62,6 +62,7 @@ class GpuState {
   int64_t max_positions = 0;
   int64_t max_chunk = 0;
   Stream stream;
+  DeviceBuffer step;           // StepInfo of the chunk being run (runtime/step_info.h)
   std::vector<GpuLayerState> layers;
   DeviceBuffer rope_main;      // [rope_dim/2] inverse frequencies, sliding layers
   DeviceBuffer rope_compress;  // [rope_dim/2] compressed layers (YaRN when configured)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Packs binaries built on a development machine so they run on a GPU machine whose image
+# lacks the project's C++ dependencies (fmt, PCRE2, cpp-httplib, OpenSSL, libgomp):
+# copies each binary to DEST/ and every shared library it needs that is not part of the
+# C runtime or the NVIDIA driver/toolkit to DEST/lib/, and writes DEST/run:
+#
+#   scripts/gpu/bundle.sh BUILD_DIR DEST BINARY...      e.g. build-cuda .devpack affinity-bench
+#   DEST/run BINARY [args...]                           runs it with DEST/lib first on the path
+#
+# glibc, libstdc++, libgcc_s and CUDA's own libraries (libcuda, libcublas*, libcudart,
+# libnccl) are left to the target machine, so its driver and toolkit are the ones used.
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 BUILD_DIR DEST BINARY..." >&2; exit 2; }
+build=$1 dest=$2
+shift 2
+mkdir -p "$dest/lib"
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcuda|libcublas|libcudart|libnccl|libnvidia)'
+for name in "$@"; do
+    bin="$build/bin/$name"
+    [ -x "$bin" ] || { echo "bundle: $bin not built" >&2; exit 1; }
+    cp -f "$bin" "$dest/"
+    ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r lib path; do
+        [[ $lib =~ $skip ]] && continue
+        cp -fL "$path" "$dest/lib/$lib"
+    done
+done
+cat > "$dest/run" <<'RUN'
+#!/usr/bin/env bash
+d=$(cd "$(dirname "$0")" && pwd)
+bin=$1; shift
+LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/$bin" "$@"
+RUN
+chmod +x "$dest/run"
+echo "bundle: $(ls "$dest" | grep -vc '^lib$') files, $(du -sh "$dest" | cut -f1) in $dest"
