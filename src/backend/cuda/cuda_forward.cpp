@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_layers.h"
+#include "backend/cuda/decode_graph.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/norm/norm.h"
@@ -33,19 +34,16 @@ Status validate(const DeviceModel& model, const GpuState& state, std::span<const
   return Status::ok();
 }
 
-// One chunk through embedding and the layers; leaves the streams in ws.h.
-Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_t> tokens, int n_layers,
-                  const dsv4::ForwardOptions& opts) {
+// Embedding and the layers for the chunk whose tokens and StepInfo are
+// already in ws.tokens / st.step; leaves the streams in ws.h. Nothing here may
+// branch on the position on the host: a decode step is captured from it once.
+Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t pos0, int n_layers,
+                      const dsv4::ForwardOptions& opts) {
   const dsv4::ModelConfig& cfg = model.config;
-  const int64_t T = int64_t(tokens.size()), D = cfg.hidden_size, pos0 = st.n_past;
+  const int64_t D = cfg.hidden_size;
   const float eps = float(cfg.rms_norm_eps);
   cudaStream_t s = st.stream.get();
   Workspace& ws = st.ws;
-  AFF_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(ws.tokens.data(), tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, s));
-  // Pageable source: the copy is staged before the call returns, so a local is safe.
-  const StepInfo step{pos0, T};
-  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, s));
   float* h = ws.h.as<float>();
   float* x = ws.x.as<float>();
   float* y = ws.y.as<float>();
@@ -62,6 +60,20 @@ Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_
     AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
     AFF_RETURN_IF_ERROR(gpu_hc_post(model, st, y, T, h));
   }
+  return Status::ok();
+}
+
+// One chunk through embedding and the layers, launch by launch.
+Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_t> tokens, int n_layers,
+                  const dsv4::ForwardOptions& opts) {
+  const int64_t T = int64_t(tokens.size()), pos0 = st.n_past;
+  cudaStream_t s = st.stream.get();
+  AFF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(st.ws.tokens.data(), tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, s));
+  // Pageable source: the copy is staged before the call returns, so a local is safe.
+  const StepInfo step{pos0, T};
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, s));
+  AFF_RETURN_IF_ERROR(enqueue_layers(model, st, T, pos0, n_layers, opts));
   st.n_past = pos0 + T;
   return Status::ok();
 }
@@ -77,6 +89,62 @@ Status run_head(const DeviceModel& model, GpuState& st, int64_t first, int64_t T
   return gemv_f32(model.head, x, n_out, st.ws.logits.as<float>(), s);
 }
 
+// The whole decode step for one token as enqueued work: inputs from the
+// pinned I/O block, layers, head, and either the argmax or the logits row
+// back into pinned memory.
+Status enqueue_decode(const DeviceModel& model, GpuState& st, DecodeGraph& g, int n_layers,
+                      const dsv4::ForwardOptions& opts, bool greedy) {
+  cudaStream_t s = st.stream.get();
+  const int64_t V = model.config.vocab_size;
+  AFF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(st.step.data(), &g.io()->step, sizeof(StepInfo), cudaMemcpyHostToDevice, s));
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.ws.tokens.data(), &g.io()->token, 4, cudaMemcpyHostToDevice, s));
+  // The position is only used by host-side checks here; kernels read StepInfo.
+  AFF_RETURN_IF_ERROR(enqueue_layers(model, st, 1, g.io()->step.pos0, n_layers, opts));
+  AFF_RETURN_IF_ERROR(run_head(model, st, 0, 1));
+  if (greedy) {
+    AFF_RETURN_IF_ERROR(argmax_rows(st.ws.logits.as<float>(), 1, V, st.ws.argmax.as<int32_t>(), s));
+    AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&g.io()->argmax, st.ws.argmax.data(), 4, cudaMemcpyDeviceToHost, s));
+  } else {
+    AFF_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(g.logits(), st.ws.logits.data(), size_t(V) * 4, cudaMemcpyDeviceToHost, s));
+  }
+  return Status::ok();
+}
+
+// One token at position n_past through the captured graph (captured now if
+// the graph is missing or was made for other options). On return the
+// results are in the graph's pinned I/O block and logits row.
+Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_layers,
+                   const dsv4::ForwardOptions& opts, bool greedy) {
+  if (!st.decode_graph) st.decode_graph = std::make_shared<DecodeGraph>();
+  DecodeGraph& g = *st.decode_graph;
+  AFF_RETURN_IF_ERROR(g.prepare(model.config.vocab_size));
+  cudaStream_t s = st.stream.get();
+  // The previous step's replay may still read the I/O block: wait before rewriting it.
+  AFF_RETURN_IF_ERROR(st.stream.synchronize());
+  g.io()->step = StepInfo{st.n_past, 1};
+  g.io()->token = token;
+  const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy};
+  if (!decode_graph_enabled()) {
+    AFF_RETURN_IF_ERROR(enqueue_decode(model, st, g, n_layers, opts, greedy));
+  } else {
+    if (!g.ready_for(key)) {
+      AFF_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      const Status captured = enqueue_decode(model, st, g, n_layers, opts, greedy);
+      if (!captured.is_ok()) {
+        DecodeGraph::abandon_capture(s);
+        return captured;
+      }
+      AFF_RETURN_IF_ERROR(g.finish_capture(s, key));
+    }
+    AFF_RETURN_IF_ERROR(g.launch(s));
+  }
+  AFF_RETURN_IF_ERROR(st.stream.synchronize());
+  st.n_past += 1;
+  return Status::ok();
+}
+
 }  // namespace
 
 Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const int32_t> tokens,
@@ -85,6 +153,11 @@ Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const in
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
   const int64_t V = model.config.vocab_size;
   logits.clear();
+  if (tokens.size() == 1) {
+    AFF_RETURN_IF_ERROR(decode_step(model, state, tokens[0], n_layers, opts, /*greedy=*/false));
+    logits.assign(state.decode_graph->logits(), state.decode_graph->logits() + V);
+    return Status::ok();
+  }
   for (size_t i = 0; i < tokens.size(); i += size_t(state.max_chunk)) {
     const size_t n = std::min(tokens.size() - i, size_t(state.max_chunk));
     const bool last = i + n == tokens.size();
@@ -105,6 +178,10 @@ Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, st
                                    const dsv4::ForwardOptions& opts) {
   int n_layers = 0;
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
+  if (tokens.size() == 1) {
+    AFF_RETURN_IF_ERROR(decode_step(model, state, tokens[0], n_layers, opts, /*greedy=*/true));
+    return state.decode_graph->io()->argmax;
+  }
   size_t n = 0;
   for (size_t i = 0; i < tokens.size(); i += n) {
     n = std::min(tokens.size() - i, size_t(state.max_chunk));

@@ -15,6 +15,8 @@
 
 namespace aff::cuda {
 
+class DecodeGraph;  // decode_graph.h
+
 struct GpuCompressorState {
   DeviceBuffer ring_kv;    // [2*ratio, width] projections of the last 2*ratio positions (p at row p % 2r)
   DeviceBuffer ring_gate;  // [2*ratio, width] gate logits + ape
@@ -67,6 +69,7 @@ class GpuState {
   DeviceBuffer rope_main;      // [rope_dim/2] inverse frequencies, sliding layers
   DeviceBuffer rope_compress;  // [rope_dim/2] compressed layers (YaRN when configured)
   Workspace ws;
+  std::shared_ptr<DecodeGraph> decode_graph;  // the captured decode step, made on first use
 };
 
 // A state for sequences of at most max_positions tokens, fed in chunks of at

@@ -1,20 +1,25 @@
-// compressor_pool_f32_sm90: grid (channel tiles, new entries), one thread per
-// channel. ring_store_f32_sm90: one thread per stored element.
+// compressor_pool_f32_sm90: one block per entry the chunk may complete (the
+// grid covers the most a chunk of T tokens can complete; blocks past the
+// count read from StepInfo exit). Each thread pools channels, then the block
+// normalises the entry and rotates its tail in place.
+// ring_store_f32_sm90: one thread per stored element.
 #include <cfloat>
 
+#include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/compressor/compressor.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
+constexpr int kMaxDim = 1024;
 
 // Value and gate of channel `col` of the token at position p.
-__device__ __forceinline__ void fetch_slot(const CompressorPoolArgs& a, int64_t p, int width, int col, float& g,
-                                           float& v) {
-  if (p >= a.pos0) {
-    const int64_t row = p - a.pos0;
+__device__ __forceinline__ void fetch_slot(const CompressorPoolArgs& a, int64_t pos0, int64_t p, int width,
+                                           int col, float& g, float& v) {
+  if (p >= pos0) {
+    const int64_t row = p - pos0;
     v = a.kv[row * width + col];
     g = a.gate[row * width + col] + a.ape[int64_t(p % a.ratio) * width + col];
   } else {
@@ -24,10 +29,7 @@ __device__ __forceinline__ void fetch_slot(const CompressorPoolArgs& a, int64_t 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a) {
-  const int ch = blockIdx.x * kThreads + threadIdx.x;
-  if (ch >= a.dim) return;
-  const int64_t b = a.first_entry + blockIdx.y;
+__device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t b, int ch) {
   const int r = a.ratio;
   const int width = a.overlap ? 2 * a.dim : a.dim;
   const bool with_prev = a.overlap && b > 0;
@@ -35,28 +37,67 @@ __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorP
   float m = -FLT_MAX, g, v;
   if (with_prev)
     for (int s = 0; s < r; ++s) {
-      fetch_slot(a, (b - 1) * r + s, width, ch, g, v);
+      fetch_slot(a, pos0, (b - 1) * r + s, width, ch, g, v);
       m = fmaxf(m, g);
     }
   for (int s = 0; s < r; ++s) {
-    fetch_slot(a, b * r + s, width, own_col, g, v);
+    fetch_slot(a, pos0, b * r + s, width, own_col, g, v);
     m = fmaxf(m, g);
   }
   float denom = 0.0f, acc = 0.0f;
   if (with_prev)
     for (int s = 0; s < r; ++s) {
-      fetch_slot(a, (b - 1) * r + s, width, ch, g, v);
+      fetch_slot(a, pos0, (b - 1) * r + s, width, ch, g, v);
       const float p = expf(g - m);
       denom += p;
       acc += p * v;
     }
   for (int s = 0; s < r; ++s) {
-    fetch_slot(a, b * r + s, width, own_col, g, v);
+    fetch_slot(a, pos0, b * r + s, width, own_col, g, v);
     const float p = expf(g - m);
     denom += p;
     acc += p * v;
   }
-  a.entries[b * a.dim + ch] = acc / denom;
+  return acc / denom;
+}
+
+__global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a) {
+  const StepInfo st = *a.step;
+  if (blockIdx.x >= new_entries(st, a.ratio)) return;
+  const int64_t b = first_new_entry(st, a.ratio) + blockIdx.x;
+  __shared__ float row[kMaxDim];
+  __shared__ float partial[kThreads / 32];
+  float ss = 0.0f;
+  for (int ch = threadIdx.x; ch < a.dim; ch += kThreads) {
+    const float v = pool_channel(a, st.pos0, b, ch);
+    row[ch] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  const float inv = 1.0f / sqrtf(total / float(a.dim) + a.eps);
+  for (int ch = threadIdx.x; ch < a.dim; ch += kThreads) row[ch] = a.norm[ch] * (row[ch] * inv);
+  __syncthreads();
+  // RoPE on the trailing rope_dim dims at the entry's first position, with the
+  // same f32 angle as the reference.
+  float* out = a.entries + b * a.dim;
+  const int off = a.dim - a.rope_dim;
+  const float pos = float(b * a.ratio);
+  for (int ch = threadIdx.x; ch < a.dim; ch += kThreads) {
+    float v = row[ch];
+    if (ch >= off) {
+      const int i = (ch - off) >> 1;
+      float s, c;
+      sincosf(pos * a.inv_freq[i], &s, &c);
+      const float x0 = row[off + 2 * i], x1 = row[off + 2 * i + 1];
+      v = ((ch - off) & 1) ? x1 * c + x0 * s : x0 * c - x1 * s;
+    }
+    out[ch] = v;
+  }
 }
 
 __global__ void ring_store_f32_sm90(RingStoreArgs a, int64_t t_first) {
@@ -64,7 +105,7 @@ __global__ void ring_store_f32_sm90(RingStoreArgs a, int64_t t_first) {
   const int64_t n = (a.T - t_first) * a.width;
   if (i >= n) return;
   const int64_t t = t_first + i / a.width, c = i % a.width;
-  const int64_t pos = a.pos0 + t;
+  const int64_t pos = a.step->pos0 + t;
   float v = a.src[t * a.width + c];
   if (a.add) v += a.add[(pos % a.period) * a.width + c];
   a.ring[(pos % a.capacity) * a.width + c] = v;
@@ -73,10 +114,13 @@ __global__ void ring_store_f32_sm90(RingStoreArgs a, int64_t t_first) {
 }  // namespace
 
 Status compressor_pool(const CompressorPoolArgs& a, cudaStream_t stream) {
-  if (a.n_new == 0) return Status::ok();
-  if (a.n_new > 65535) return internal_error("compressor_pool: too many entries in one launch");
-  const dim3 grid(unsigned((a.dim + kThreads - 1) / kThreads), unsigned(a.n_new));
-  compressor_pool_f32_sm90<<<grid, kThreads, 0, stream>>>(a);
+  if (a.dim > kMaxDim || a.rope_dim > a.dim || (a.rope_dim & 1))
+    return internal_error("compressor_pool: entry width " + std::to_string(a.dim) + " / rope dims " +
+                          std::to_string(a.rope_dim) + " unsupported");
+  // The most entries T consecutive positions can complete, wherever they start.
+  const int64_t most = a.T / a.ratio + 1;
+  if (most > 0x7fffffff) return internal_error("compressor_pool: too many entries in one launch");
+  compressor_pool_f32_sm90<<<unsigned(most), kThreads, 0, stream>>>(a);
   return launch_status("compressor_pool_f32_sm90");
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
@@ -19,15 +20,22 @@ struct CompressorPoolArgs {
   const float* ape = nullptr;       // [ratio, width]
   const float* ring_kv = nullptr;   // [2*ratio, width]; position p at row p % (2*ratio)
   const float* ring_gate = nullptr; // [2*ratio, width], ape included
-  int64_t pos0 = 0, T = 0;          // the chunk covers positions [pos0, pos0 + T)
+  const StepInfo* step = nullptr;   // device: the chunk covers positions [pos0, pos0 + T)
+  int64_t T = 0;                    // the chunk's length (host copy of step->T, sizes the grid)
   int ratio = 0, dim = 0;
   bool overlap = false;             // ratio 4 (CSA): entry b also pools block b-1's first halves
-  int64_t first_entry = 0, n_new = 0;  // entries [first_entry, first_entry + n_new) are completed
-  float* entries = nullptr;         // [capacity, dim]; entry b written at row b (raw pool, before norm/RoPE)
+  const float* norm = nullptr;      // [dim] rmsnorm weight of a finished entry
+  float eps = 1e-6f;
+  const float* inv_freq = nullptr;  // [rope_dim/2] RoPE on the entry's trailing rope_dim dims,
+  int rope_dim = 0;                 //   at the entry's first position (entry * ratio)
+  float* entries = nullptr;         // [capacity, dim]; entry b written at row b, finished
 };
 
-// Softmax-gated pooling per channel of each completed entry (as the reference:
-// max, then sum of exp(g - max) and exp-weighted values, then divide).
+// Completes every entry the chunk finishes (ids from StepInfo, so a captured
+// decode step completes one exactly when its position closes a block):
+// softmax-gated pooling per channel (max, then sum of exp(g - max) and
+// exp-weighted values, then divide, as the reference), then rmsnorm and RoPE.
+// dim <= 1024.
 Status compressor_pool(const CompressorPoolArgs& a, cudaStream_t stream);
 
 struct RingStoreArgs {
@@ -36,7 +44,8 @@ struct RingStoreArgs {
   int period = 1;
   float* ring = nullptr;       // [capacity, width]; position p at row p % capacity
   int64_t capacity = 0;
-  int64_t pos0 = 0, T = 0;
+  const StepInfo* step = nullptr;  // device: positions [pos0, pos0 + T)
+  int64_t T = 0;                   // host copy of step->T
   int64_t width = 0;
 };
 

@@ -2,55 +2,19 @@
 // hc x hc matrix in registers/local memory), hc_collapse_f32_sm90 and
 // hc_expand_f32_sm90 (one thread per (token, channel)).
 #include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
-
-constexpr int kMaxHc = 8;
-
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void hc_coeffs_f32_sm90(HcCoeffArgs a) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= a.T) return;
   const int hc = a.hc;
   const int n_mix = a.head ? hc : (2 + hc) * hc;
-  const float* m = a.m + t * n_mix;
-  for (int j = 0; j < hc; ++j) a.pre[t * hc + j] = sigmoidf_(m[j] * a.scale[0] + a.base[j]) + a.eps;
-  if (a.head) return;
-  for (int j = 0; j < hc; ++j) a.post[t * hc + j] = 2.0f * sigmoidf_(m[hc + j] * a.scale[1] + a.base[hc + j]);
-
-  float c[kMaxHc * kMaxHc];
-  for (int i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * a.scale[2] + a.base[2 * hc + i];
-  // Row softmax + eps, column normalisation, then (iters - 1) x (rows, columns);
-  // every denominator + eps (as the reference).
-  for (int j = 0; j < hc; ++j) {
-    float mx = c[j * hc];
-    for (int k = 1; k < hc; ++k) mx = fmaxf(mx, c[j * hc + k]);
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      c[j * hc + k] = expf(c[j * hc + k] - mx);
-      s += c[j * hc + k];
-    }
-    const float inv = 1.0f / s;
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] * inv + a.eps;
-  }
-  for (int it = 0; it < max(a.sinkhorn_iters, 1); ++it) {  // the reference always normalises columns once
-    if (it > 0) {
-      for (int j = 0; j < hc; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += c[j * hc + k];
-        for (int k = 0; k < hc; ++k) c[j * hc + k] /= s + a.eps;
-      }
-    }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
-      for (int j = 0; j < hc; ++j) c[j * hc + k] /= s + a.eps;
-    }
-  }
-  for (int i = 0; i < hc * hc; ++i) a.comb[t * hc * hc + i] = c[i];
+  hc_coefficients(a.m + t * n_mix, a.base, a.scale, hc, a.sinkhorn_iters, a.eps, a.head, a.pre + t * hc,
+                  a.head ? nullptr : a.post + t * hc, a.head ? nullptr : a.comb + t * hc * hc);
 }
 
 __global__ void hc_collapse_f32_sm90(const float* h, const float* pre, int64_t T, int hc, int64_t D,

@@ -12,7 +12,8 @@ __global__ void rope_interleaved_f32_sm90(RopeArgs a) {
   if (i >= a.rows * a.half) return;
   const int64_t r = i / a.half;
   const int p = int(i % a.half);
-  const int64_t pos = a.pos0 + (r / a.rows_per_pos) * a.pos_step;
+  const int64_t base = a.step ? a.step->pos0 : 0;
+  const int64_t pos = base + a.pos0 + (r / a.rows_per_pos) * a.pos_step;
   const float angle = float(pos) * a.inv_freq[p];
   float s, c;
   sincosf(angle, &s, &c);

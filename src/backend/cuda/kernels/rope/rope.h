@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
@@ -18,8 +19,9 @@ struct RopeArgs {
   int64_t offset = 0;          // = vector length - rope_dim for the trailing dims
   const float* inv_freq = nullptr;  // [half] device
   int half = 0;                // rope_dim / 2
-  int rows_per_pos = 1;        // row r has position pos0 + (r / rows_per_pos) * pos_step
-  int64_t pos0 = 0;
+  int rows_per_pos = 1;        // row r has position base + pos0 + (r / rows_per_pos) * pos_step,
+  int64_t pos0 = 0;            //   base = step->pos0 when `step` is set (the chunk's start), else 0
+  const StepInfo* step = nullptr;
   int64_t pos_step = 1;
   bool inverse = false;        // rotate by the negative angle (output de-rotation)
 };

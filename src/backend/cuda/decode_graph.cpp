@@ -1,0 +1,70 @@
+#include "backend/cuda/decode_graph.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+
+DecodeGraph::~DecodeGraph() {
+  clear();
+  if (io_) cudaFreeHost(io_);
+  if (logits_) cudaFreeHost(logits_);
+}
+
+void DecodeGraph::clear() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  exec_ = nullptr;
+  key_ = {};
+}
+
+Status DecodeGraph::prepare(int64_t vocab) {
+  if (!io_) {
+    void* p = nullptr;
+    AFF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(DecodeIo), cudaHostAllocDefault));
+    io_ = new (p) DecodeIo();
+  }
+  if (!logits_ || vocab_ != vocab) {
+    if (logits_) cudaFreeHost(logits_);
+    logits_ = nullptr;
+    void* p = nullptr;
+    AFF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, size_t(vocab) * sizeof(float), cudaHostAllocDefault));
+    logits_ = static_cast<float*>(p);
+    vocab_ = vocab;
+    clear();  // a capture holds the old buffer's address
+  }
+  return Status::ok();
+}
+
+Status DecodeGraph::finish_capture(cudaStream_t stream, const DecodeGraphKey& key) {
+  clear();
+  cudaGraph_t graph = nullptr;
+  AFF_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
+  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    exec_ = nullptr;
+    return internal_error(std::string("decode graph: instantiation failed: ") + cudaGetErrorString(e));
+  }
+  key_ = key;
+  return Status::ok();
+}
+
+void DecodeGraph::abandon_capture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // the failed capture's sticky-free error is consumed here
+}
+
+Status DecodeGraph::launch(cudaStream_t stream) const {
+  AFF_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  return Status::ok();
+}
+
+bool decode_graph_enabled() {
+  const char* v = std::getenv("AFF_CUDA_GRAPH");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+}  // namespace aff::cuda

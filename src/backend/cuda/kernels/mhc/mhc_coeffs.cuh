@@ -1,0 +1,52 @@
+// One token's mHC coefficients from its mixes, shared by the plain and the
+// fused kernels (one home for the arithmetic the reference defines).
+#pragma once
+
+namespace aff::cuda {
+
+constexpr int kMaxHc = 8;
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// m: [n_mix] mixes (n_mix = hc for the head, (2+hc)*hc for a site);
+// pre = sigmoid(m*s0 + b) + eps; post = 2 sigmoid(m*s1 + b); comb = Sinkhorn(m*s2 + b).
+// pre: [hc]; post: [hc] and comb: [hc, hc] (site only; comb[j][k] = stream j -> k).
+__device__ inline void hc_coefficients(const float* m, const float* base, const float* scale, int hc, int iters,
+                                       float eps, bool head, float* pre, float* post, float* comb) {
+  for (int j = 0; j < hc; ++j) pre[j] = sigmoidf_(m[j] * scale[0] + base[j]) + eps;
+  if (head) return;
+  for (int j = 0; j < hc; ++j) post[j] = 2.0f * sigmoidf_(m[hc + j] * scale[1] + base[hc + j]);
+
+  float c[kMaxHc * kMaxHc];
+  for (int i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * scale[2] + base[2 * hc + i];
+  // Row softmax + eps, column normalisation, then (iters - 1) x (rows, columns);
+  // every denominator + eps (as the reference).
+  for (int j = 0; j < hc; ++j) {
+    float mx = c[j * hc];
+    for (int k = 1; k < hc; ++k) mx = fmaxf(mx, c[j * hc + k]);
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      c[j * hc + k] = expf(c[j * hc + k] - mx);
+      s += c[j * hc + k];
+    }
+    const float inv = 1.0f / s;
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] * inv + eps;
+  }
+  for (int it = 0; it < max(iters, 1); ++it) {  // the reference always normalises columns once
+    if (it > 0) {
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s += c[j * hc + k];
+        for (int k = 0; k < hc; ++k) c[j * hc + k] /= s + eps;
+      }
+    }
+    for (int k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
+      for (int j = 0; j < hc; ++j) c[j * hc + k] /= s + eps;
+    }
+  }
+  for (int i = 0; i < hc * hc; ++i) comb[i] = c[i];
+}
+
+}  // namespace aff::cuda
