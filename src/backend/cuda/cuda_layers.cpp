@@ -10,6 +10,7 @@
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -24,9 +25,10 @@ Status hc_mixes(const DeviceModel& m, const DeviceLinear& fn, GpuState& st, cons
   return gemv_f32(fn, st.ws.z.as<float>(), T, st.ws.mix.as<float>(), s);
 }
 
-// RoPE over the trailing rope_dim dims of rows of length `len`.
+// RoPE over the trailing rope_dim dims of rows of length `len`, for the
+// chunk's tokens: row r at position step.pos0 + r / rows_per_pos.
 RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool compressed, int rope_dim,
-                   int rows_per_pos, int64_t pos0, int64_t pos_step, bool inverse) {
+                   int rows_per_pos, bool inverse) {
   RopeArgs r;
   r.x = x;
   r.rows = rows;
@@ -35,14 +37,14 @@ RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool
   r.inv_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   r.half = rope_dim / 2;
   r.rows_per_pos = rows_per_pos;
-  r.pos0 = pos0;
-  r.pos_step = pos_step;
+  r.step = st.step.as<StepInfo>();
   r.inverse = inverse;
   return r;
 }
 
-// Feeds x: [T, D] at [pos0, pos0 + T) to a compressor and finishes (norm,
-// RoPE) every entry the chunk completes.
+// Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
+// finishes (norm, RoPE) every entry the chunk completes. Nothing here depends
+// on the position on the host, so a captured decode step stays valid.
 Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
                       const float* x, int64_t T, int64_t pos0) {
   cudaStream_t s = st.stream.get();
@@ -52,21 +54,17 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   float* gate = st.ws.comp_gate.as<float>();
   AFF_RETURN_IF_ERROR(gemv_f32(c.wkv, x, T, kv, s));
   AFF_RETURN_IF_ERROR(gemv_f32(c.wgate, x, T, gate, s));
-  const int64_t first = pos0 / r, n_after = (pos0 + T) / r;
-  if (n_after > cs.capacity) return internal_error("compressor: entry capacity exceeded");
+  if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
   p.ring_kv = cs.ring_kv.as<float>(), p.ring_gate = cs.ring_gate.as<float>();
-  p.pos0 = pos0, p.T = T, p.ratio = r, p.dim = d, p.overlap = c.overlap;
-  p.first_entry = first, p.n_new = n_after - first;
+  p.step = st.step.as<StepInfo>(), p.T = T, p.ratio = r, p.dim = d, p.overlap = c.overlap;
+  p.norm = c.norm, p.eps = eps_of(m);
+  p.inv_freq = st.rope_compress.as<float>(), p.rope_dim = m.config.rope_dim;
   p.entries = cs.entries.as<float>();
   AFF_RETURN_IF_ERROR(compressor_pool(p, s));
-  float* fresh = cs.entries.as<float>() + first * d;
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(fresh, fresh, p.n_new, d, c.norm, eps_of(m), s));
-  AFF_RETURN_IF_ERROR(
-      rope_f32(rope_rows(fresh, p.n_new, d, st, true, m.config.rope_dim, 1, first * r, r, false), s));
   RingStoreArgs rs;
-  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.pos0 = pos0, rs.T = T, rs.width = width;
+  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.step = p.step, rs.T = T, rs.width = width;
   rs.src = kv;
   AFF_RETURN_IF_ERROR(ring_store(rs, s));
   rs.ring = cs.ring_gate.as<float>(), rs.src = gate, rs.add = c.ape, rs.period = r;
@@ -83,7 +81,7 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   AFF_RETURN_IF_ERROR(gemv_f32(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
   AFF_RETURN_IF_ERROR(gemv_f32(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
   AFF_RETURN_IF_ERROR(
-      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, pos0, 1, false), s));
+      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), s));
   const int64_t n_entries = (pos0 + T) / ix.compressor.ratio;
   IndexerScoreArgs a;
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
@@ -148,8 +146,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   AFF_RETURN_IF_ERROR(rmsnorm_f32(q, q, T * H, Dh, nullptr, eps, s));
   AFF_RETURN_IF_ERROR(gemv_f32(w.wkv, x, T, kv, s));
   AFF_RETURN_IF_ERROR(rmsnorm_f32(kv, kv, T, Dh, w.kv_norm, eps, s));
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(q, T * H, Dh, st, compressed, rd, H, pos0, 1, false), s));
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(kv, T, Dh, st, compressed, rd, 1, pos0, 1, false), s));
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(q, T * H, Dh, st, compressed, rd, H, false), s));
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(kv, T, Dh, st, compressed, rd, 1, false), s));
 
   AttentionArgs a;
   if (compressed) {
@@ -173,13 +171,14 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
   RingStoreArgs rs;
-  rs.src = kv, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.pos0 = pos0, rs.T = T;
+  rs.src = kv, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.step = st.step.as<StepInfo>();
+  rs.T = T;
   rs.width = Dh;
   AFF_RETURN_IF_ERROR(ring_store(rs, s));
 
   // V carried RoPE on its tail: rotate back by the query's angle.
   float* o = ws.o.as<float>();
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(o, T * H, Dh, st, compressed, rd, H, pos0, 1, true), s));
+  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(o, T * H, Dh, st, compressed, rd, H, true), s));
 
   // Grouped low-rank output: group g's heads through rows [g*R, (g+1)*R) of wo_a.
   const int G = c.o_groups;
