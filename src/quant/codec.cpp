@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "quant/formats.h"
+#include "quant/quantizer/iq_quantize.h"
 
 namespace aff::quant {
 namespace {
@@ -113,6 +114,11 @@ Status quantize_row(GgmlType type, std::span<const float> src, std::span<uint8_t
     case GgmlType::kQ4_K: quantize_row_q4_k(x, blocks<BlockQ4K>(dst), n, imp); return Status::ok();
     case GgmlType::kIQ4_NL: quantize_row_iq4_nl(x, blocks<BlockIq4Nl>(dst), n, imp); return Status::ok();
     case GgmlType::kIQ4_XS: quantize_row_iq4_xs(x, blocks<BlockIq4Xs>(dst), n, imp); return Status::ok();
+    case GgmlType::kIQ2_XXS: quantize_row_iq2_xxs(x, blocks<BlockIq2Xxs>(dst), n, imp); return Status::ok();
+    case GgmlType::kIQ2_XS: quantize_row_iq2_xs(x, blocks<BlockIq2Xs>(dst), n, imp); return Status::ok();
+    case GgmlType::kIQ3_XXS: quantize_row_iq3_xxs(x, blocks<BlockIq3Xxs>(dst), n, imp); return Status::ok();
+    case GgmlType::kIQ1_S: quantize_row_iq1_s(x, blocks<BlockIq1S>(dst), n, imp); return Status::ok();
+    case GgmlType::kIQ1_M: quantize_row_iq1_m(x, blocks<BlockIq1M>(dst), n, imp); return Status::ok();
     default: break;
   }
   return unsupported(fmt::format("quantize: no reference quantiser for ggml type {}", ggml_type_name(type)));

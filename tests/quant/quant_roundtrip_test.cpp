@@ -127,8 +127,8 @@ TEST(QuantizeRow, RejectsBadImportance) {
   EXPECT_FALSE(quantize_row(GgmlType::kQ4_K, x, q, imp).is_ok());
   imp[7] = 1.0f;
   EXPECT_TRUE(quantize_row(GgmlType::kQ4_K, x, q, imp).is_ok());
-  std::vector<uint8_t> iq2(66);
-  EXPECT_EQ(quantize_row(GgmlType::kIQ2_XXS, x, iq2).code(), StatusCode::kUnsupported);
+  std::vector<uint8_t> iq3s(110);
+  EXPECT_EQ(quantize_row(GgmlType::kIQ3_S, x, iq3s).code(), StatusCode::kUnsupported);
 }
 
 // All-zero and constant blocks must survive exactly (no NaN from 0/0 scales).

@@ -58,7 +58,12 @@ TEST(Recipe, TypeRulesParseAndRejectBadSpecs) {
   EXPECT_FALSE(parse_type_rule("=Q4_K").is_ok());
   EXPECT_FALSE(parse_type_rule("x=").is_ok());
   EXPECT_EQ(parse_type_rule("x=Q9_Z").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(parse_type_rule("x=IQ1_S").status().code(), StatusCode::kUnsupported);  // no quantiser
+  EXPECT_EQ(parse_type_rule("x=IQ3_S").status().code(), StatusCode::kUnsupported);  // no quantiser
+  for (const char* iq : {"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ1_M"}) {
+    const auto rule = parse_type_rule(std::string("blk.*.ffn_up_exps.weight=") + iq);
+    ASSERT_TRUE(rule.is_ok()) << iq;
+    EXPECT_EQ(ggml_type_name(rule->type), iq);
+  }
 }
 
 TEST(Recipe, RulesOverrideLastMatchWinsAndSmallTensorsStayF32) {

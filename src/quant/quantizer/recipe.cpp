@@ -107,7 +107,7 @@ Result<TypeRule> parse_type_rule(std::string_view spec) {
   if (!type) return invalid_argument(fmt::format("--type '{}': unknown ggml type '{}'", spec, type_name));
   if (!ggml_traits(*type).can_quantize) {
     return unsupported(fmt::format("--type '{}': affinity has no quantiser for {} (available: F32 F16 BF16 Q8_0 "
-                                   "Q4_K Q3_K Q2_K IQ4_XS IQ4_NL MXFP4)",
+                                   "Q4_K Q3_K Q2_K IQ4_XS IQ4_NL IQ3_XXS IQ2_XS IQ2_XXS IQ1_M IQ1_S MXFP4)",
                                    spec, type_name));
   }
   return TypeRule{std::string(spec.substr(0, eq)), *type};

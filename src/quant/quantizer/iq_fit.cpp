@@ -1,0 +1,244 @@
+#include "quant/quantizer/iq_fit.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace aff::quant {
+namespace {
+
+// The super-scale trials of stage 2, as factors on the d that gives the largest sub-block
+// scale the top code. Smaller d clips that sub-block a little but gives every other one
+// finer code steps; which wins depends on the block, so each is tried.
+constexpr float kSuperScaleTrials[] = {1.0f, 0.95f, 0.9f};
+
+// Largest finite f16, so that a huge block cannot store an infinite super-scale.
+constexpr float kMaxF16 = 65504.0f;
+
+// Entry for one group of n = grid.dims() values x, w at 1/scale = inv with a fixed offset:
+// the one minimising sum w (x*inv - offset - G)^2. Returns that sum (in scaled units).
+float best_entry(const IqGridIndex& grid, const float* x, const float* w, float inv, float offset, uint16_t* entry) {
+  const int n = grid.dims();
+  float t[IqGridIndex::kMaxDims];
+  for (int j = 0; j < n; ++j) t[j] = x[j] * inv - offset;
+  const int key = grid.key_of(t);
+  auto error_of = [&](int e) {
+    const float* g = grid.entry(e);
+    float err = 0.0f;
+    for (int j = 0; j < n; ++j) err += w[j] * (t[j] - g[j]) * (t[j] - g[j]);
+    return err;
+  };
+  if (const int e = grid.entry_at(key); e >= 0) {
+    // Each coordinate already sits at its nearest level, so no entry does better.
+    *entry = uint16_t(e);
+    return error_of(e);
+  }
+  float best = INFINITY;
+  for (const uint16_t e : grid.neighbours(key)) {
+    const float err = error_of(e);
+    if (err < best) best = err, *entry = e;
+  }
+  return best;
+}
+
+// Assignment of all groups at 1/scale = inv with every group's offset = sign * delta
+// (kNone: 0) unless per_group, where each group takes the better sign. Returns the scaled
+// error sum.
+float assign_groups(const IqFitSpec& spec, const float* x, const float* w, int len, float inv, bool negative,
+                    IqSubBlockFit* fit) {
+  const IqGridIndex& grid = *spec.grid;
+  const int n = grid.dims();
+  float total = 0.0f;
+  for (int g = 0; g < len / n; ++g) {
+    const float* xg = x + g * n;
+    const float* wg = w + g * n;
+    if (spec.offset == IqOffset::kPerGroup) {
+      uint16_t e_pos = 0, e_neg = 0;
+      const float err_pos = best_entry(grid, xg, wg, inv, spec.delta, &e_pos);
+      const float err_neg = best_entry(grid, xg, wg, inv, -spec.delta, &e_neg);
+      const bool neg = err_neg < err_pos;
+      fit->entry[g] = neg ? e_neg : e_pos;
+      fit->neg_offset[g] = neg;
+      total += neg ? err_neg : err_pos;
+    } else {
+      const float offset = spec.offset == IqOffset::kNone ? 0.0f : negative ? -spec.delta : spec.delta;
+      total += best_entry(grid, xg, wg, inv, offset, &fit->entry[g]);
+      fit->neg_offset[g] = negative && spec.offset != IqOffset::kNone;
+    }
+  }
+  return total;
+}
+
+// sum w x v and sum w v v over the sub-block, v = G[entry] + offset: the least-squares
+// scale for these entries is sxv / svv and its error sum w x² - sxv² / svv.
+void fit_sums(const IqFitSpec& spec, const float* x, const float* w, int len, const IqSubBlockFit& fit, double* sxv,
+              double* svv) {
+  const int n = spec.grid->dims();
+  *sxv = 0.0, *svv = 0.0;
+  for (int g = 0; g < len / n; ++g) {
+    const float* e = spec.grid->entry(fit.entry[g]);
+    const float offset = spec.offset == IqOffset::kNone ? 0.0f : fit.neg_offset[g] ? -spec.delta : spec.delta;
+    for (int j = 0; j < n; ++j) {
+      const double v = double(e[j]) + offset;
+      *sxv += double(w[g * n + j]) * x[g * n + j] * v;
+      *svv += double(w[g * n + j]) * v * v;
+    }
+  }
+}
+
+double weighted_norm2(const float* x, const float* w, int len) {
+  double s = 0.0;
+  for (int i = 0; i < len; ++i) s += double(w[i]) * x[i] * x[i];
+  return s;
+}
+
+// Entries for an all-zero sub-block: those nearest zero (the decoder cannot give exact
+// zeros unless d is 0, so these keep the damage smallest).
+IqSubBlockFit zero_fit(const IqFitSpec& spec, const float* x, const float* w, int len) {
+  IqSubBlockFit fit = iq_assign_at_scale(spec, x, w, len, 1.0f);
+  fit.scale = 0.0f;
+  fit.err = weighted_norm2(x, w, len);
+  return fit;
+}
+
+}  // namespace
+
+IqSubBlockFit iq_assign_at_scale(const IqFitSpec& spec, const float* x, const float* w, int len, float scale) {
+  AFF_CHECK(scale > 0.0f && len % spec.grid->dims() == 0 && len / spec.grid->dims() <= kIqMaxGroups);
+  const float inv = 1.0f / scale;
+  IqSubBlockFit fit;
+  fit.scale = scale;
+  float err = assign_groups(spec, x, w, len, inv, false, &fit);
+  if (spec.offset == IqOffset::kPerSubBlock) {
+    IqSubBlockFit neg = fit;
+    const float err_neg = assign_groups(spec, x, w, len, inv, true, &neg);
+    if (err_neg < err) fit = neg, err = err_neg;
+  }
+  fit.err = double(err) * double(scale) * double(scale);
+  return fit;
+}
+
+IqSubBlockFit iq_fit_sub_block(const IqFitSpec& spec, const float* x, const float* w, int len) {
+  float amax = 0.0f;
+  for (int i = 0; i < len; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (amax == 0.0f) return zero_fit(spec, x, w, len);
+  const double norm2 = weighted_norm2(x, w, len);
+
+  // The least-squares scale of a trial's entries, and its error; a trial whose entries
+  // anti-correlate with x (possible only with tiny weights) is no candidate.
+  auto settle = [&](IqSubBlockFit* fit) {
+    double sxv, svv;
+    fit_sums(spec, x, w, len, *fit, &sxv, &svv);
+    if (!(sxv > 0.0 && svv > 0.0)) return false;
+    fit->scale = float(sxv / svv);
+    fit->err = std::max(0.0, norm2 - sxv * sxv / svv);
+    return fit->scale > 0.0f;
+  };
+
+  IqSubBlockFit best;
+  bool have = false;
+  auto trial = [&](float scale) {
+    IqSubBlockFit fit = iq_assign_at_scale(spec, x, w, len, scale);
+    if (settle(&fit) && (!have || fit.err < best.err)) best = fit, have = true;
+  };
+  for (int k = 0; k < spec.n_trials; ++k) {
+    const float ratio =
+        spec.ratio_lo + (spec.ratio_hi - spec.ratio_lo) * float(k) / float(std::max(1, spec.n_trials - 1));
+    trial(amax / (ratio * spec.grid->top_level()));
+  }
+  // The codebooks hold few points with several large coordinates (IQ2_XXS has no all-25
+  // or all-43 entry), so values of similar size fit best all on one lower level, a scale
+  // the trials above never come near: try the largest value on each positive lower level.
+  for (int l = 0; l + 1 < spec.grid->n_levels(); ++l) {
+    if (spec.grid->level(l) > 0.0f) trial(amax / spec.grid->level(l));
+  }
+  if (!have) return zero_fit(spec, x, w, len);
+
+  // Alternate entries-for-scale and scale-for-entries; each step cannot raise the error
+  // in exact arithmetic, so stop as soon as it does not fall.
+  for (int iter = 0; iter < 8; ++iter) {
+    IqSubBlockFit next = iq_assign_at_scale(spec, x, w, len, best.scale);
+    if (!settle(&next) || !(next.err < best.err)) break;
+    best = next;
+  }
+  return best;
+}
+
+IqQuantizedScales iq_quantize_scales(const IqFitSpec& spec, const float* x, const float* w, int sub_len, int n_sub,
+                                     const IqSubBlockFit* fits, int max_code, IqScaleFn scale_of) {
+  AFF_CHECK(n_sub <= 16 && max_code >= 1);
+  IqQuantizedScales out;
+  float s_max = 0.0f;
+  for (int i = 0; i < n_sub; ++i) s_max = std::fmax(s_max, fits[i].scale);
+  auto all_zero = [&] {
+    IqQuantizedScales z;
+    for (int i = 0; i < n_sub; ++i) z.fit[i] = zero_fit(spec, x + i * sub_len, w + i * sub_len, sub_len);
+    return z;
+  };
+  if (!(s_max > 0.0f)) return all_zero();
+
+  const float d_top = s_max / scale_of(1.0f, max_code);
+  double best_total = INFINITY;
+  for (const float factor : kSuperScaleTrials) {
+    const uint16_t d_bits = f32_to_f16(std::fmin(d_top * factor, kMaxF16));
+    const float d = f16_to_f32(d_bits);
+    if (!(d > 0.0f)) continue;  // underflowed: the block is too small for f16
+    IqQuantizedScales trial;
+    trial.d_bits = d_bits;
+    trial.d = d;
+    double total = 0.0;
+    for (int i = 0; i < n_sub && total < best_total; ++i) {
+      const float* xs = x + i * sub_len;
+      const float* ws = w + i * sub_len;
+      // The code whose decoded scale is nearest the ideal one, then its neighbours: the
+      // entries re-picked at each decoded scale decide which is really best.
+      int nearest = 0;
+      for (int c = 1; c <= max_code; ++c) {
+        if (std::fabs(scale_of(d, c) - fits[i].scale) < std::fabs(scale_of(d, nearest) - fits[i].scale)) nearest = c;
+      }
+      bool have = false;
+      for (int c = std::max(0, nearest - 1); c <= std::min(max_code, nearest + 1); ++c) {
+        const IqSubBlockFit fit = iq_assign_at_scale(spec, xs, ws, sub_len, scale_of(d, c));
+        if (!have || fit.err < trial.fit[i].err) trial.fit[i] = fit, trial.code[i] = c, have = true;
+      }
+      total += trial.fit[i].err;
+    }
+    if (total < best_total) best_total = total, out = trial;
+  }
+  if (!(best_total < INFINITY)) return all_zero();
+  return out;
+}
+
+uint8_t iq_fold_signs8(const float* x, const float* w, float* t) {
+  uint8_t signs = 0;
+  int cheapest = 0;
+  for (int j = 0; j < 8; ++j) {
+    t[j] = std::fabs(x[j]);
+    if (x[j] < 0.0f) signs = uint8_t(signs | (1u << j));
+    if (w[j] * x[j] * x[j] < w[cheapest] * x[cheapest] * x[cheapest]) cheapest = j;
+  }
+  if (std::popcount(signs) % 2 != 0) {
+    signs = uint8_t(signs ^ (1u << cheapest));
+    t[cheapest] = -t[cheapest];
+  }
+  return signs;
+}
+
+void iq_block_weights(const float* imp, int n, float* w) {
+  double mean = 0.0;
+  if (imp != nullptr) {
+    for (int i = 0; i < n; ++i) mean += imp[i];
+    mean /= n;
+  }
+  if (!(mean > 0.0)) {
+    std::fill(w, w + n, 1.0f);
+    return;
+  }
+  const float floor = float(1e-3 * mean);
+  for (int i = 0; i < n; ++i) w[i] = imp[i] + floor;
+}
+
+}  // namespace aff::quant
