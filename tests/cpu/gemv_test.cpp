@@ -60,7 +60,6 @@ class GemvKernelTest : public ::testing::TestWithParam<GgmlType> {};
 TEST_P(GemvKernelTest, EveryIsaMatchesDequantisedReference) {
   const GgmlType type = GetParam();
   ASSERT_TRUE(gemv_has_kernels(type));
-  const ActFormat af = gemv_act_format(type);
   const int64_t be = quant::ggml_traits(type).block_elems;
   std::mt19937_64 rng(std::random_device{}());
   const auto kernels = gemv_kernels(type);
@@ -73,6 +72,7 @@ TEST_P(GemvKernelTest, EveryIsaMatchesDequantisedReference) {
       continue;
     }
     ++ran;
+    const ActFormat af = k.act;  // kernels of one type may take different activation orders
     for (int64_t blocks : {int64_t(1), int64_t(3), be == 32 ? int64_t(97) : int64_t(17)}) {
       for (int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
         const int64_t cols = blocks * be;
@@ -135,21 +135,59 @@ TEST_P(GemvKernelTest, GemmIsBitIdenticalToGemvPerToken) {
 INSTANTIATE_TEST_SUITE_P(Types, GemvKernelTest, ::testing::ValuesIn(kTypes),
                          [](const auto& info) { return std::string(quant::ggml_type_name(info.param)); });
 
+// The expected pick per CPU feature level: the fastest ISA with a kernel for the type.
+Isa expected_isa(GgmlType t, const CpuFeatures& f) {
+  for (const auto& k : gemv_kernels(t)) {
+    if (isa_supported(k.isa, f)) return k.isa;
+  }
+  return Isa::kScalar;
+}
+
 TEST(GemvSelect, PicksTheBestIsaTheCpuHasAndFallsBack) {
   const CpuFeatures& f = cpu_features();
   for (GgmlType t : kTypes) {
     const GemvKernel* k = select_gemv_kernel(t, f);
     ASSERT_NE(k, nullptr);
-    const bool has_avx2 = t != GgmlType::kQ3_K && t != GgmlType::kIQ4_XS;
-    const Isa without512 = f.avx2 && has_avx2 ? Isa::kAvx2 : Isa::kScalar;
-    EXPECT_EQ(k->isa, f.avx512_vnni ? Isa::kAvx512 : without512) << k->name;
+    // Kernels are listed fastest first, wider ISAs before narrower ones.
+    const auto ks = gemv_kernels(t);
+    for (size_t i = 1; i < ks.size(); ++i) EXPECT_GE(int(ks[i - 1].isa), int(ks[i].isa)) << ks[i].name;
+    EXPECT_EQ(ks.back().isa, Isa::kScalar);
+    EXPECT_EQ(k->isa, expected_isa(t, f)) << k->name;
+    if (f.avx512_vbmi) EXPECT_GE(int(k->isa), int(Isa::kAvx512)) << k->name;
     const GemvKernel* s = select_gemv_kernel(t, cpu_features_without(f, "avx2"));
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->isa, Isa::kScalar);
-    EXPECT_EQ(select_gemv_kernel(t, cpu_features_without(f, "avx512"))->isa, without512);
+    const Isa no512 = select_gemv_kernel(t, cpu_features_without(f, "avx512"))->isa;
+    EXPECT_LE(int(no512), int(Isa::kAvx2));
+    EXPECT_EQ(no512, f.avx2 ? Isa::kAvx2 : Isa::kScalar) << "every type has an AVX2 kernel";
+    EXPECT_NE(select_gemv_kernel(t, cpu_features_without(f, "vbmi"))->isa, Isa::kAvx512Vbmi);
   }
   EXPECT_EQ(select_gemv_kernel(GgmlType::kQ5_K, f), nullptr);
   EXPECT_FALSE(gemv_has_kernels(GgmlType::kF16));
+}
+
+TEST(ActQuant, TransposedGroupOrderHoldsTheSameValues) {
+  std::mt19937_64 rng(std::random_device{}());
+  const auto x = random_floats(2 * 256, rng);
+  std::vector<ActQ8K> nat(2), tr(2);
+  quantize_act(ActFormat::kQ8K, x, nat.data());
+  quantize_act(ActFormat::kQ8KT, x, tr.data());
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(nat[size_t(b)].d, tr[size_t(b)].d);
+    EXPECT_EQ(0, std::memcmp(nat[size_t(b)].bsums, tr[size_t(b)].bsums, sizeof(tr[0].bsums)));
+    // Step k, qword g, byte j holds input 32g + 8k + j.
+    for (int k = 0; k < 4; ++k) {
+      for (int g = 0; g < 8; ++g) {
+        for (int j = 0; j < 8; ++j) {
+          ASSERT_EQ(tr[size_t(b)].qs[64 * k + 8 * g + j], nat[size_t(b)].qs[32 * g + 8 * k + j]);
+        }
+      }
+    }
+  }
+  std::vector<float> back_nat(x.size()), back_tr(x.size());
+  dequantize_act(ActFormat::kQ8K, nat.data(), back_nat);
+  dequantize_act(ActFormat::kQ8KT, tr.data(), back_tr);
+  EXPECT_EQ(back_nat, back_tr);
 }
 
 TEST(ActQuant, BlockSumsAndRangeHold) {

@@ -1,6 +1,7 @@
 #include "backend/cpu/act_quant.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -36,6 +37,11 @@ void quantize_act(ActFormat f, std::span<const float> x, void* out) {
       for (int j = 0; j < 16; ++j) s += y[b].qs[16 * i + j];
       y[b].bsums[i] = int16_t(s);
     }
+    if (f == ActFormat::kQ8KT) {
+      int8_t nat[256];
+      std::memcpy(nat, y[b].qs, sizeof(nat));
+      for (int i = 0; i < 256; ++i) y[b].qs[act_q8kt_pos(i)] = nat[i];
+    }
   }
 }
 
@@ -48,7 +54,10 @@ void dequantize_act(ActFormat f, const void* act, std::span<float> out) {
                                           : static_cast<const ActQ8K*>(act)[b].d;
     const int8_t* q = f == ActFormat::kQ8_0 ? static_cast<const ActQ8_0*>(act)[b].qs
                                             : static_cast<const ActQ8K*>(act)[b].qs;
-    for (int64_t j = 0; j < be; ++j) out[size_t(b * be + j)] = d * float(q[j]);
+    for (int64_t j = 0; j < be; ++j) {
+      const int64_t pos = f == ActFormat::kQ8KT ? act_q8kt_pos(int(j)) : j;
+      out[size_t(b * be + j)] = d * float(q[pos]);
+    }
   }
 }
 

@@ -4,6 +4,11 @@
 //   ActQ8_0: per 32 inputs, pairs with weights in 32-element blocks (Q8_0, MXFP4);
 //   ActQ8K:  per 256 inputs plus 16-wide partial sums, pairs with the 256-element
 //            super-blocks (Q4_K, Q2_K, IQ2_XXS); the partial sums fold the K-quant mins.
+//   ActQ8K with transposed groups (kQ8KT): the same struct, but qs holds the 256 inputs
+//            in codebook-row order: byte 64k + 8g + j is input 32g + 8k + j (group g of
+//            32, row k of 8). A 64-byte step then holds one 8-input row of each of the
+//            eight groups, so the IQ kernels apply the per-group scales once per
+//            super-block instead of once per step. bsums stay in natural order.
 // Quants are in [-127, 127] (never -128), which the SIMD sign tricks rely on.
 #pragma once
 
@@ -25,12 +30,14 @@ struct ActQ8K {
 };
 static_assert(sizeof(ActQ8K) == 292);
 
-enum class ActFormat { kQ8_0, kQ8K };
+enum class ActFormat { kQ8_0, kQ8K, kQ8KT };
 
 inline constexpr int64_t act_block_elems(ActFormat f) { return f == ActFormat::kQ8_0 ? 32 : 256; }
 inline constexpr int64_t act_block_bytes(ActFormat f) {
   return f == ActFormat::kQ8_0 ? int64_t(sizeof(ActQ8_0)) : int64_t(sizeof(ActQ8K));
 }
+// Position in a kQ8KT block's qs of input i (0..255) of that block.
+inline constexpr int act_q8kt_pos(int i) { return 64 * ((i % 32) / 8) + 8 * (i / 32) + i % 8; }
 // Bytes of a quantised activation of n inputs (n a multiple of the block size).
 inline constexpr int64_t act_bytes(ActFormat f, int64_t n) { return n / act_block_elems(f) * act_block_bytes(f); }
 

@@ -39,11 +39,13 @@ CpuFeatures detect() {
   const bool avx512bw = (b >> 30) & 1;
   const bool avx512vl = (b >> 31) & 1;
   const bool vnni = (c >> 11) & 1;
+  const bool vbmi = (c >> 1) & 1;
   const bool amx_tile = (d >> 24) & 1;
   const bool amx_int8 = (d >> 25) & 1;
   f.avx2 = ymm_saved && avx2 && fma && f16c;
   f.avx512 = f.avx2 && bmi2 && zmm_saved && avx512f && avx512bw && avx512vl;
   f.avx512_vnni = f.avx512 && vnni;
+  f.avx512_vbmi = f.avx512_vnni && vbmi;
   f.amx_int8 = tile_saved && amx_tile && amx_int8;
   return f;
 }
@@ -65,8 +67,9 @@ CpuFeatures cpu_features_without(const CpuFeatures& f, const std::string& disabl
     const size_t comma = disable.find(',', pos);
     const std::string item = disable.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (item == "avx2") out = CpuFeatures{};
-    if (item == "avx512") out.avx512 = out.avx512_vnni = false;
-    if (item == "vnni") out.avx512_vnni = false;
+    if (item == "avx512") out.avx512 = out.avx512_vnni = out.avx512_vbmi = false;
+    if (item == "vnni") out.avx512_vnni = out.avx512_vbmi = false;
+    if (item == "vbmi") out.avx512_vbmi = false;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -83,6 +86,7 @@ std::string cpu_features_string(const CpuFeatures& f) {
   add(f.avx2, "avx2");
   add(f.avx512, "avx512");
   add(f.avx512_vnni, "avx512_vnni");
+  add(f.avx512_vbmi, "avx512_vbmi");
   add(f.amx_int8, "amx_int8");
   return s.empty() ? "scalar" : s;
 }

@@ -30,6 +30,8 @@ const std::vector<GemvKernel>& kernel_table() {
        isa::gemm_q2k_q8k_avx512},
       {"gemv_q2k_q8k_avx2", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_q2k_q8k_avx2},
       {"gemv_q2k_q8k_scalar", GgmlType::kQ2_K, ActFormat::kQ8K, Isa::kScalar, isa::gemv_q2k_q8k_scalar},
+      {"gemv_iq2xxs_q8kt_avx512vbmi", GgmlType::kIQ2_XXS, ActFormat::kQ8KT, Isa::kAvx512Vbmi,
+       isa::gemv_iq2xxs_q8kt_avx512vbmi, isa::gemm_iq2xxs_q8kt_avx512vbmi},
       {"gemv_iq2xxs_q8k_avx512", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx512, isa::gemv_iq2xxs_q8k_avx512,
        isa::gemm_iq2xxs_q8k_avx512},
       {"gemv_iq2xxs_q8k_avx2", GgmlType::kIQ2_XXS, ActFormat::kQ8K, Isa::kAvx2, isa::gemv_iq2xxs_q8k_avx2},
@@ -56,6 +58,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Vbmi: return "avx512vbmi";
   }
   return "?";
 }
@@ -65,6 +68,7 @@ bool isa_supported(Isa isa, const CpuFeatures& f) {
     case Isa::kScalar: return true;
     case Isa::kAvx2: return f.avx2;
     case Isa::kAvx512: return f.avx512_vnni;
+    case Isa::kAvx512Vbmi: return f.avx512_vbmi;
   }
   return false;
 }

@@ -8,6 +8,7 @@
 //   scalar:  any CPU; dequantises each row and dots in f32 (the portable fallback)
 //   avx2:    AVX2 + FMA + F16C
 //   avx512:  AVX-512 F/BW/VL + VNNI (vpdpbusd) + BMI2; without VNNI the avx2 kernels run
+//   avx512vbmi: the above + VBMI (byte permutes, vpmultishiftqb): the codebook formats
 // AMX is not used: for one activation vector (decode) a tile multiply buys nothing over
 // VNNI while the weights stream from DRAM.
 #pragma once
@@ -22,7 +23,7 @@
 
 namespace aff::cpu {
 
-enum class Isa { kScalar, kAvx2, kAvx512 };
+enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Vbmi };
 std::string_view isa_name(Isa isa);
 bool isa_supported(Isa isa, const CpuFeatures& f);
 

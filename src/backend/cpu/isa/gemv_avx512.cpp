@@ -18,6 +18,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include "backend/cpu/isa/avx512_common.h"
+
 namespace aff::cpu::isa {
 namespace {
 
@@ -28,24 +30,6 @@ using quant::BlockMxfp4;
 using quant::BlockQ2K;
 using quant::BlockQ4K;
 using quant::BlockQ8_0;
-
-inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-inline __m512i load2x256(const void* lo, const void* hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(lo))),
-                            _mm256_loadu_si256(static_cast<const __m256i*>(hi)), 1);
-}
-
-// 16 x i32: sums of 4 products of signed bytes (w may be -128; x in [-127, 127]).
-inline __m512i dot_i8(__m512i w, __m512i x) {
-  const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
-}
-
-// Lanes 0-7 = lo, lanes 8-15 = hi.
-inline __m512 split_ps(float lo, float hi) {
-  return _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(lo), _mm512_set1_ps(hi));
-}
 
 // Q3_K's sixteen 6-bit scales (stored +32) as signed bytes, sub-block i in byte i: low
 // nibbles of bytes 0-7 are scales 0-7, their high nibbles 8-15, and byte 8 + i%4 holds
@@ -67,13 +51,6 @@ inline __m128i iq4xs_unpack_scales(const uint8_t* scales_l, uint16_t scales_h) {
   const uint64_t lo = _pdep_u64(load_u32(scales_l), 0x0f0f0f0f0f0f0f0full);
   const uint64_t hi = _pdep_u64(scales_h, 0x0303030303030303ull) << 4;
   return _mm_sub_epi8(_mm_cvtsi64_si128(int64_t(lo | hi)), _mm_set1_epi8(32));
-}
-
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Each weight type is a struct with `dot<N>`: one weight row against N activations,
@@ -465,64 +442,15 @@ struct Mxfp4Dot {
   }
 };
 
-template <class K>
-void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, float* y) {
-  const auto* a = static_cast<const typename K::Act*>(act);
-  for (int64_t r = 0; r < rows; ++r) {
-    K::template dot<1>(reinterpret_cast<const typename K::Block*>(w + r * row_bytes), &a, cols / K::kElems, y + r);
-  }
-}
-
-template <class K, int N>
-void gemm_group(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t nb, const typename K::Act* const* a,
-                float* y, int64_t ldy) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float o[N];
-    K::template dot<N>(reinterpret_cast<const typename K::Block*>(w + r * row_bytes), a, nb, o);
-    for (int t = 0; t < N; ++t) y[t * ldy + r] = o[t];
-  }
-}
-
-// Tokens in groups of four (32 ZMM registers hold four tokens' accumulators next to the
-// decoded weights without spilling); the rows are expected to fit in L2, so the second
-// and later groups re-read them from cache.
-template <class K>
-void gemm_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, int64_t act_stride,
-               int64_t n, float* y, int64_t ldy) {
-  using Act = typename K::Act;
-  const int64_t nb = cols / K::kElems;
-  const auto* base = static_cast<const uint8_t*>(act);
-  for (int64_t t0 = 0; t0 < n; t0 += 4) {
-    const Act* a[4];
-    const int m = int(std::min<int64_t>(4, n - t0));
-    for (int t = 0; t < m; ++t) a[t] = reinterpret_cast<const Act*>(base + (t0 + t) * act_stride);
-    float* yt = y + t0 * ldy;
-    switch (m) {
-      case 4: gemm_group<K, 4>(w, row_bytes, rows, nb, a, yt, ldy); break;
-      case 3: gemm_group<K, 3>(w, row_bytes, rows, nb, a, yt, ldy); break;
-      case 2: gemm_group<K, 2>(w, row_bytes, rows, nb, a, yt, ldy); break;
-      default: gemm_group<K, 1>(w, row_bytes, rows, nb, a, yt, ldy); break;
-    }
-  }
-}
-
 }  // namespace
 
-#define AFF_AVX512_KERNELS(wname, K)                                                                           \
-  void gemv_##wname##_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) { \
-    gemv_rows<K>(w, rb, rows, cols, a, y);                                                                     \
-  }                                                                                                            \
-  void gemm_##wname##_avx512(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a,           \
-                             int64_t as, int64_t n, float* y, int64_t ldy) {                                   \
-    gemm_rows<K>(w, rb, rows, cols, a, as, n, y, ldy);                                                         \
-  }
-AFF_AVX512_KERNELS(q8_0_q8_0, Q8_0Dot)
-AFF_AVX512_KERNELS(q4k_q8k, Q4KDot)
-AFF_AVX512_KERNELS(q2k_q8k, Q2KDot)
-AFF_AVX512_KERNELS(iq2xxs_q8k, Iq2XxsDot)
-AFF_AVX512_KERNELS(mxfp4_q8_0, Mxfp4Dot)
-AFF_AVX512_KERNELS(q3k_q8k, Q3KDot)
-AFF_AVX512_KERNELS(iq4xs_q8k, Iq4XsDot)
+AFF_AVX512_KERNELS(q8_0_q8_0, avx512, Q8_0Dot)
+AFF_AVX512_KERNELS(q4k_q8k, avx512, Q4KDot)
+AFF_AVX512_KERNELS(q2k_q8k, avx512, Q2KDot)
+AFF_AVX512_KERNELS(iq2xxs_q8k, avx512, Iq2XxsDot)
+AFF_AVX512_KERNELS(mxfp4_q8_0, avx512, Mxfp4Dot)
+AFF_AVX512_KERNELS(q3k_q8k, avx512, Q3KDot)
+AFF_AVX512_KERNELS(iq4xs_q8k, avx512, Iq4XsDot)
 #undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa

@@ -32,6 +32,8 @@ AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx512);
 AFF_GEMV_DECL(gemv_q3k_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq4xs_q8k_avx512);
 
+AFF_GEMV_DECL(gemv_iq2xxs_q8kt_avx512vbmi);
+
 // Batched kernels (GemmFn): one pass over the rows for n tokens, decode shared.
 #define AFF_GEMM_DECL(name)                                                                                  \
   void name(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, int64_t act_stride, \
@@ -44,6 +46,7 @@ AFF_GEMM_DECL(gemm_iq2xxs_q8k_avx512);
 AFF_GEMM_DECL(gemm_mxfp4_q8_0_avx512);
 AFF_GEMM_DECL(gemm_q3k_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq4xs_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq2xxs_q8kt_avx512vbmi);
 
 #undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL
