@@ -3,10 +3,19 @@
 // compressed entries and indexer keys, plus the scratch activations of one
 // chunk. Every count (entries per layer, pending tokens) is a function of
 // n_past, so the host knows all shapes without reading the device back.
+//
+// KV memory: the compressed entries and indexer keys grow with the context
+// (the window and compressor rings do not). Each is a range of virtual
+// addresses reserved for --kv-size positions, of which only the first
+// --kv-commit positions are backed by device memory at creation; more is
+// mapped on demand by gpu_state_reserve, on the host, before a chunk runs.
+// Addresses never move, so a captured decode graph stays valid, and kernels
+// size their grids by the reserved capacity, which never changes either.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "affinity/status.h"
@@ -17,11 +26,48 @@ namespace aff::cuda {
 
 class DecodeGraph;  // decode_graph.h
 
+// Device memory at a fixed virtual address that can be backed piece by piece
+// (CUDA virtual memory management: reserve addresses, then create and map
+// physical chunks). Only [0, bytes()) may be touched. Where the driver has no
+// VMM, the whole reservation is one cudaMalloc instead.
+class GrowableDeviceBuffer {
+ public:
+  GrowableDeviceBuffer() = default;
+  ~GrowableDeviceBuffer() { reset(); }
+  GrowableDeviceBuffer(GrowableDeviceBuffer&& o) noexcept { *this = std::move(o); }
+  GrowableDeviceBuffer& operator=(GrowableDeviceBuffer&& o) noexcept;
+  GrowableDeviceBuffer(const GrowableDeviceBuffer&) = delete;
+  GrowableDeviceBuffer& operator=(const GrowableDeviceBuffer&) = delete;
+
+  // Reserves `max_bytes` of addresses on the current device, backs none.
+  static Result<GrowableDeviceBuffer> reserve(size_t max_bytes, const std::string& what);
+  // Backs [0, bytes) (rounded up to the allocation granularity); never shrinks.
+  Status commit(size_t bytes);
+  void reset();
+
+  void* data() const { return reinterpret_cast<void*>(base_); }
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(base_); }
+  size_t bytes() const { return committed_; }     // backed
+  size_t reserved() const { return reserved_; }   // address space
+
+ private:
+  uintptr_t base_ = 0;
+  size_t reserved_ = 0, committed_ = 0, granularity_ = 0;
+  int device_ = 0;
+  bool vmm_ = false;                  // false: one cudaMalloc of reserved_
+  std::vector<uint64_t> handles_;     // CUmemGenericAllocationHandle of each mapped piece
+  std::vector<size_t> piece_bytes_;
+  std::string what_;
+};
+
 struct GpuCompressorState {
   DeviceBuffer ring_kv;    // [2*ratio, width] projections of the last 2*ratio positions (p at row p % 2r)
   DeviceBuffer ring_gate;  // [2*ratio, width] gate logits + ape
-  DeviceBuffer entries;    // [capacity, dim]; entry j covers positions [j*ratio, (j+1)*ratio)
-  int64_t capacity = 0;
+  GrowableDeviceBuffer entries;  // [capacity, dim]; entry j covers positions [j*ratio, (j+1)*ratio);
+                                 // rows past the committed positions are not backed
+  int64_t capacity = 0;    // rows reserved: kv_size / ratio + 1
+  int ratio = 0, dim = 0;
 };
 
 struct GpuLayerState {
@@ -61,7 +107,8 @@ struct Workspace {
 class GpuState {
  public:
   int64_t n_past = 0;
-  int64_t max_positions = 0;
+  int64_t max_positions = 0;   // KV address space in positions (--kv-size)
+  int64_t kv_committed = 0;    // positions whose caches are backed (grows, see gpu_state_reserve)
   int64_t max_chunk = 0;
   Stream stream;
   DeviceBuffer step;           // StepInfo of the chunk being run (runtime/step_info.h)
@@ -72,10 +119,30 @@ class GpuState {
   std::shared_ptr<DecodeGraph> decode_graph;  // the captured decode step, made on first use
 };
 
-// A state for sequences of at most max_positions tokens, fed in chunks of at
-// most max_chunk tokens (longer inputs are split by gpu_forward).
+struct GpuStateOptions {
+  int64_t kv_size = 0;      // most positions a sequence can reach (address space)
+  int64_t kv_commit = 0;    // positions backed at creation (clamped to kv_size)
+  int64_t max_chunk = 256;  // most tokens per forward call (workspace rows)
+};
+
+// A state for sequences of at most kv_size tokens, fed in chunks of at most
+// max_chunk tokens (longer inputs are split by gpu_forward).
+Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const GpuStateOptions& options);
+// Fully committed: kv_size = kv_commit = max_positions.
 Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, int64_t max_positions,
                                                  int64_t max_chunk = 256);
+
+// Backs the caches for positions [0, positions) (with some margin, so growth
+// is rare). Call on the host before running a chunk that ends at `positions`;
+// never while a graph is being captured. Fails with a clear Status when
+// positions exceed kv_size or the GPU has no memory left (state unchanged).
+Status gpu_state_reserve(GpuState& state, int64_t positions);
+
+// Cache bytes per position of `model` (compressed entries and indexer keys,
+// f32), the window rings of a state, and what a state has backed now.
+double gpu_state_kv_bytes_per_position(const DeviceModel& model);
+size_t gpu_state_window_bytes(const GpuState& state);
+size_t gpu_state_committed_kv_bytes(const GpuState& state);
 
 // Back to position 0 (the rings need no clearing: nothing before n_past is read).
 void gpu_state_reset(GpuState& state);

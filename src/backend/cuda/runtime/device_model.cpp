@@ -3,8 +3,11 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
+#include "quant/codec.h"
+#include "quant/type_traits.h"
 
 namespace aff::cuda {
 
@@ -24,6 +27,26 @@ Result<std::vector<float>> tensor_f32_host(const TensorView& t) {
                          " is not a float type the CUDA backend reads");
   }
   return out;
+}
+
+bool ggml_type_on_device(int ggml_type) {
+  switch (quant::GgmlType(ggml_type)) {
+    case quant::GgmlType::kQ8_0:
+    case quant::GgmlType::kQ2_K:
+    case quant::GgmlType::kQ3_K:
+    case quant::GgmlType::kQ4_K:
+    case quant::GgmlType::kQ5_K:
+    case quant::GgmlType::kQ6_K:
+    case quant::GgmlType::kIQ1_S:
+    case quant::GgmlType::kIQ1_M:
+    case quant::GgmlType::kIQ2_XXS:
+    case quant::GgmlType::kIQ2_XS:
+    case quant::GgmlType::kIQ3_XXS:
+    case quant::GgmlType::kIQ4_NL:
+    case quant::GgmlType::kIQ4_XS:
+    case quant::GgmlType::kMXFP4: return true;
+    default: return false;
+  }
 }
 
 namespace {
@@ -60,9 +83,26 @@ Result<DeviceLinear> describe(const dsv4::Linear& w) {
       d.format = DevFormat::kMXFP4;
       d.scale_cols = w.in / 32;
       break;
-    case dsv4::WeightFormat::kGgml:
-      return unsupported(w.weight.file + ": tensor '" + w.weight.name +
-                         "': ggml block formats (GGUF) are not read by the CUDA backend yet");
+    case dsv4::WeightFormat::kGgml: {
+      const std::string where = w.weight.file + ": tensor '" + w.weight.name + "'";
+      const auto traits = quant::ggml_type_traits(uint32_t(w.ggml_type));
+      if (!traits) return corrupt(where + ": unknown ggml type id " + std::to_string(w.ggml_type));
+      if (!ggml_type_on_device(w.ggml_type))
+        return unsupported(where + ": ggml type " + std::string(traits->name) +
+                           " is not read by the CUDA backend (supported: Q8_0, Q2_K..Q6_K, IQ1_S, IQ1_M, "
+                           "IQ2_XXS, IQ2_XS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4)");
+      const auto row_bytes = quant::ggml_row_bytes(traits->type, w.in);
+      if (!row_bytes || w.weight.shape.size() != 2 || w.weight.shape[0] != w.out || w.weight.shape[1] != *row_bytes ||
+          w.weight.nbytes != w.out * *row_bytes)
+        return corrupt(where + ": stored bytes do not match " + std::to_string(w.out) + " rows of " +
+                       std::to_string(w.in) + " " + std::string(traits->name) + " elements");
+      d.format = DevFormat::kGgml;
+      d.ggml_type = w.ggml_type;
+      d.row_bytes = *row_bytes;
+      AFF_ASSIGN_OR_RETURN(const GgmlTables* tables, ggml_device_tables());
+      d.tables = reinterpret_cast<const uint8_t*>(tables);
+      break;
+    }
   }
   if (d.format == DevFormat::kFP8Block || d.format == DevFormat::kMXFP4) {
     if (!w.scale.valid())
@@ -106,6 +146,24 @@ class ModelUploader {
       AFF_ASSIGN_OR_RETURN(d.scale, raw(w.scale.data, w.scale.nbytes, w.scale.name));
     }
     return d;
+  }
+
+  // A ggml embedding [vocab, D] dequantised row by row to BF16 (exactly as the CPU
+  // reference decodes it, then rounded to BF16: relative error <= 2^-9 per element).
+  Result<const uint8_t*> embed_bf16(const dsv4::Linear& e) {
+    const size_t n = size_t(e.out) * size_t(e.in);
+    if (!arena_) return raw(nullptr, n * 2, e.weight.name);
+    if (e.weight.shape.size() != 2) return corrupt(e.weight.name + ": not a 2-D ggml tensor");
+    const int64_t row_bytes = e.weight.shape[1];
+    std::vector<uint16_t> bf(n);
+    std::vector<float> row(size_t(e.in));
+    for (int64_t r = 0; r < e.out; ++r) {
+      AFF_RETURN_IF_ERROR(quant::dequantize_row(quant::GgmlType(e.ggml_type),
+                                                {e.weight.data + r * row_bytes, size_t(row_bytes)}, row)
+                              .with_context(e.weight.file + ": tensor '" + e.weight.name + "'"));
+      for (int64_t i = 0; i < e.in; ++i) bf[size_t(r * e.in + i)] = f32_to_bf16(row[size_t(i)]);
+    }
+    return raw(bf.data(), n * 2, e.weight.name);
   }
 
   // A TensorView holding an mHC fn matrix as a Linear of its float dtype.
@@ -199,16 +257,20 @@ class ModelUploader {
   Status model(const dsv4::LoadedModel& m, DeviceModel& out) {
     const dsv4::ModelConfig& cfg = m.config;
     const dsv4::ModelWeights& w = m.weights;
-    if (w.embed_rows.valid())
-      return unsupported(w.embed_rows.weight.file + ": tensor '" + w.embed_rows.weight.name +
-                         "': a ggml-format embedding is not read by the CUDA backend yet");
-    switch (w.embed.dtype) {
+    if (w.embed_rows.valid()) {
+      // A ggml-format embedding is widened to BF16 once: the lookup reads one row per
+      // token, so its bytes do not matter for speed, and the embedding kernel stays simple.
+      out.embed_format = DevFormat::kBF16;
+      AFF_ASSIGN_OR_RETURN(out.embed, embed_bf16(w.embed_rows));
+    } else switch (w.embed.dtype) {
       case DType::kF32: out.embed_format = DevFormat::kF32; break;
       case DType::kBF16: out.embed_format = DevFormat::kBF16; break;
       case DType::kF16: out.embed_format = DevFormat::kF16; break;
       default: return unsupported(w.embed.name + ": embedding dtype not supported by the CUDA backend");
     }
-    AFF_ASSIGN_OR_RETURN(out.embed, raw(w.embed.data, w.embed.nbytes, w.embed.name));
+    if (!w.embed_rows.valid()) {
+      AFF_ASSIGN_OR_RETURN(out.embed, raw(w.embed.data, w.embed.nbytes, w.embed.name));
+    }
     AFF_ASSIGN_OR_RETURN(out.head, linear(w.head));
     AFF_ASSIGN_OR_RETURN(out.norm, f32(w.norm));
     AFF_ASSIGN_OR_RETURN(out.hc_head, hc(w.hc_head));

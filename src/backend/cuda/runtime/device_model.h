@@ -67,6 +67,8 @@ struct DeviceLayer {
   DeviceMoe ffn;
 };
 
+struct SyntheticModelOptions;  // runtime/device_synthetic.h
+
 class DeviceModel {
  public:
   dsv4::ModelConfig config;
@@ -80,18 +82,24 @@ class DeviceModel {
 
  private:
   friend Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model);
+  friend Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfig& cfg,
+                                                                   const SyntheticModelOptions& opt);
   DeviceArena arena_;
 };
 
 // Copies every tensor the forward pass needs (not the MTP/DSpark blocks) to
 // the current device. Fails with a Status naming the tensor for formats the
-// CUDA backend does not read yet (ggml block formats from GGUF files).
+// CUDA backend does not read (ggml types outside ggml_type_on_device). A ggml
+// embedding is widened to BF16 (one row is read per token).
 Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model);
 
 // One weight on its own (tests, gpucheck): `arena` must have room for
 // linear_device_bytes(w).
 size_t linear_device_bytes(const dsv4::Linear& w);
 Result<DeviceLinear> upload_linear(const dsv4::Linear& w, DeviceArena& arena);
+
+// True for the ggml block types (quant::GgmlType ids) the CUDA kernels decode.
+bool ggml_type_on_device(int ggml_type);
 
 // A small float tensor (F32/BF16/F16) widened to f32 on the host.
 Result<std::vector<float>> tensor_f32_host(const TensorView& t);

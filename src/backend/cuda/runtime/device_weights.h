@@ -1,5 +1,6 @@
 // Weights as the CUDA kernels see them: plain structs of device pointers in the
-// stored formats (FP8 E4M3 + E8M0 block scales, MXFP4 + E8M0, BF16/F16/F32).
+// stored formats (FP8 E4M3 + E8M0 block scales, MXFP4 + E8M0, BF16/F16/F32, and
+// ggml block formats from GGUF containers).
 // Nothing here is dequantised: kernels decode while they read. These structs
 // are passed to kernels by value, so they hold no owning members and include
 // nothing but <cstdint>.
@@ -15,6 +16,8 @@ enum class DevFormat : int32_t {
   kF16,
   kFP8Block,  // weight E4M3 [out, in]; scale [ceil(out/block), ceil(in/block)]
   kMXFP4,     // weight [out, in/2] (low nibble = even column); scale [out, in/32]
+  kGgml,      // weight [out, row_bytes]: row r = ggml blocks of `in` elements, as stored in
+              // GGUF; DeviceLinear::ggml_type says which block format (quant::GgmlType id)
 };
 
 enum class DevScale : int32_t { kNone, kE8M0, kF32, kBF16 };
@@ -29,6 +32,12 @@ struct DeviceLinear {
   int64_t in = 0;
   int32_t block = 128;       // kFP8Block tile edge
   int64_t scale_cols = 0;    // columns of the scale matrix
+  // kGgml only. The codebook formats (IQ*) and the non-linear 4-bit ones need the
+  // device copy of ggml's tables (kernels/common/ggml_tables.h), so every kGgml
+  // weight carries a pointer to it and a kernel needs nothing but this struct.
+  int32_t ggml_type = -1;            // quant::GgmlType id of every row
+  int64_t row_bytes = 0;             // bytes of one stored row (in / block_elems * block_bytes)
+  const uint8_t* tables = nullptr;   // device GgmlTables
 };
 
 // An expert is three weights; a layer's experts live in a table of slots

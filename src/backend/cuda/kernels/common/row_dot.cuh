@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/ggml_decode.cuh"
 
 namespace aff::cuda {
 
@@ -27,12 +28,15 @@ template <>
 struct VecTraits<DevFormat::kF16> { static constexpr int kElems = 8; };
 template <>
 struct VecTraits<DevFormat::kF32> { static constexpr int kElems = 4; };
+template <>
+struct VecTraits<DevFormat::kGgml> { static constexpr int kElems = 32; };  // one ggml chunk
 
 // True when rows can be read in 16-byte steps (row starts stay 16-byte aligned
 // because the arena aligns every tensor to 256 bytes).
 template <DevFormat F>
 __device__ __forceinline__ bool vec_ok(const DeviceLinear& w) {
   if constexpr (F == DevFormat::kFP8Block) return w.in % 16 == 0 && w.block % 16 == 0;
+  else if constexpr (F == DevFormat::kGgml) return true;  // rows are whole 32-element chunks
   else return w.in % VecTraits<F>::kElems == 0;
 }
 
@@ -48,6 +52,10 @@ __device__ __forceinline__ float decode_at(const DeviceLinear& w, int64_t row, i
   } else if constexpr (F == DevFormat::kFP8Block) {
     const float s = load_scale(w, (row / w.block) * w.scale_cols + col / w.block);
     return e4m3_to_f32_dev(w.weight[row * w.in + col]) * s;
+  } else if constexpr (F == DevFormat::kGgml) {  // unused: ggml rows always take the vector path
+    float chunk[32];
+    ggml_decode32(w, row, col / 32, chunk);
+    return chunk[col % 32];
   } else {  // kMXFP4
     const uint8_t b = w.weight[row * (w.in / 2) + col / 2];
     const float s = load_scale(w, row * w.scale_cols + col / 32);
@@ -80,6 +88,8 @@ __device__ __forceinline__ void decode_vec(const DeviceLinear& w, int64_t row, i
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; ++i) out[i] = e4m3_to_f32_dev((words[i / 4] >> (8 * (i % 4))) & 0xffu) * s;
+  } else if constexpr (F == DevFormat::kGgml) {
+    ggml_decode32(w, row, c0 / 32, out);
   } else {  // kMXFP4: 16 bytes = 32 codes = exactly one scale group
     const uint4 v = *reinterpret_cast<const uint4*>(w.weight + row * (w.in / 2) + c0 / 2);
     const float s = load_scale(w, row * w.scale_cols + c0 / 32);

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_bf16_f32_sm90(GemvArg
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_f16_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kF16>(a); }
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_fp8b_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kFP8Block>(a); }
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_mxfp4_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kMXFP4>(a); }
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_ggml_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kGgml>(a); }
 
 using GemvKernel = void (*)(GemvArgs);
 
@@ -52,6 +53,7 @@ GemvKernel select_gemv_kernel(DevFormat f) {
     case DevFormat::kF16: return gemv_f16_f32_sm90;
     case DevFormat::kFP8Block: return gemv_fp8b_f32_sm90;
     case DevFormat::kMXFP4: return gemv_mxfp4_f32_sm90;
+    case DevFormat::kGgml: return gemv_ggml_f32_sm90;
   }
   return nullptr;
 }

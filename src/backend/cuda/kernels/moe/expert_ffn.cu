@@ -57,6 +57,7 @@ AFF_MOE_KERNELS(fp8b, DevFormat::kFP8Block)
 AFF_MOE_KERNELS(bf16, DevFormat::kBF16)
 AFF_MOE_KERNELS(f16, DevFormat::kF16)
 AFF_MOE_KERNELS(f32, DevFormat::kF32)
+AFF_MOE_KERNELS(ggml, DevFormat::kGgml)
 #undef AFF_MOE_KERNELS
 
 using MoeKernel = void (*)(ExpertFfnArgs);
@@ -71,6 +72,7 @@ MoeKernels select_moe_kernels(DevFormat f) {
     case DevFormat::kBF16: return {moe_up_bf16_f32_sm90, moe_down_bf16_f32_sm90};
     case DevFormat::kF16: return {moe_up_f16_f32_sm90, moe_down_f16_f32_sm90};
     case DevFormat::kF32: return {moe_up_f32_f32_sm90, moe_down_f32_f32_sm90};
+    case DevFormat::kGgml: return {moe_up_ggml_f32_sm90, moe_down_ggml_f32_sm90};
   }
   return {};
 }
