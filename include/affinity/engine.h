@@ -26,6 +26,11 @@ struct EngineOptions {
   int prefill_chunk_size = 0;   // tokens per forward call in eval(); 0 = whole input at once
   int max_layers = -1;          // debug: run only the first N layers; -1 = all
   bool no_routed_experts = false;  // debug: shared expert only
+  // Where the forward pass runs: "auto" (the GPU when this build has CUDA and
+  // a GPU can hold the model, else the CPU), "on" (the GPU or fail), "off".
+  std::string gpu = "auto";
+  int64_t kv_size = 1048576;    // GPU: positions of KV address space per session
+  int64_t kv_commit = 8192;     // GPU: positions backed when a session starts (grows on demand)
 };
 
 struct ModelInfo {
@@ -35,6 +40,8 @@ struct ModelInfo {
   int64_t max_context = 0;      // resolved ctx_size: the most positions one session holds
   int32_t bos_id = 0;
   int32_t eos_id = 1;
+  std::string backend = "cpu";  // "cpu", or "cuda: <GPU>, <weights>" when sessions run on the GPU
+  std::string backend_note;     // why --gpu auto stayed on the CPU, if it did
 };
 
 struct SamplingParams {

@@ -119,6 +119,16 @@ std::vector<OptionSpec> build_table() {
       // Performance
       integer(kPerf, "", "--prefill-chunk-size", "N", &O::prefill_chunk_size, "1408", "1408", 1, kI32,
               "Tokens per forward call while prefilling. Does not change the logits."),
+      text(kPerf, "", "--gpu", "MODE", &O::gpu, "auto",
+           "Where the forward pass runs: auto (the GPU when this build has CUDA and a GPU can hold the model, "
+           "else the CPU), on (the GPU, or exit with an error), off (the CPU).",
+           "AFF_GPU", "auto"),
+      integer(kPerf, "", "--kv-size", "N", &O::kv_size, "1048576", "1048576", 1, 1e12,
+              "GPU: positions of KV cache address space per session. Address space, not GPU memory; a session's "
+              "context is also capped by --ctx-size."),
+      integer(kPerf, "", "--kv-commit", "N", &O::kv_commit, "8192", "8192", 1, 1e12,
+              "GPU: positions of KV cache backed by GPU memory when a session starts; more is mapped as the "
+              "context grows, at the same addresses."),
       integer(kPerf, "", "--cpu-lane", "N", &O::cpu_lane, "1", "1 = on", 0, 1,
               "Weights stored as ggml blocks (GGUF containers) use the CPU lane: int8-quantised activations and "
               "SIMD integer dot products. 0 dequantises them row by row in f32 (the reference path, for comparisons).",
@@ -240,6 +250,9 @@ Status check_combinations(const Options& o) {
     }
   }
   if (o.was_given("--force-tokens") && o.force_tokens.empty()) return invalid_argument("--force-tokens is empty");
+  if (o.gpu != "auto" && o.gpu != "on" && o.gpu != "off") {
+    return invalid_argument(fmt::format("--gpu: expected auto, on or off, got '{}'", o.gpu));
+  }
   if (o.dump_logits > 0 && !o.logits_out.empty()) {
     return invalid_argument("--dump-logits prints generated steps; --logits-out does not generate");
   }

@@ -44,6 +44,9 @@ struct Options {
   // Performance
   int prefill_chunk_size;
   int cpu_lane;                 // 1 = SIMD quantised dot products for ggml weights
+  std::string gpu;              // auto | on | off
+  int64_t kv_size;              // GPU KV address space per session, positions
+  int64_t kv_commit;            // GPU KV positions backed at session start
   // Diagnostics
   bool dump_tokens;
   std::vector<int32_t> force_tokens;

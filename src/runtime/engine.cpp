@@ -14,6 +14,7 @@
 #include "model/dsv4/load_gguf.h"
 #include "model/dsv4/loaded_model.h"
 #include "model/dsv4/tokenizer_gguf.h"
+#include "runtime/gpu_backend.h"
 #include "runtime/model_path.h"
 #include "tokenizer/tokenizer.h"
 
@@ -84,6 +85,46 @@ class DsV4Session final : public Session {
   std::vector<float> last_;     // [vocab]
 };
 
+// A session whose state and forward pass live on the GPU; same contract as
+// DsV4Session (chunking is the GPU state's, which does not change logits).
+class GpuSession final : public Session {
+ public:
+  GpuSession(std::unique_ptr<runtime::GpuTimeline> tl, int64_t vocab, int64_t max_positions)
+      : tl_(std::move(tl)), vocab_(vocab), max_positions_(max_positions) {}
+
+  Status eval(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= vocab_) {
+        return invalid_argument(fmt::format("token id {} at input position {} is outside the vocabulary [0, {})",
+                                            tokens[i], i, vocab_));
+      }
+    }
+    if (tl_->n_past() + int64_t(tokens.size()) > max_positions_) {
+      return out_of_range(fmt::format("context full: {} positions used + {} new tokens exceed the session's {}",
+                                      tl_->n_past(), tokens.size(), max_positions_));
+    }
+    if (all_logits != nullptr) all_logits->clear();
+    if (tokens.empty()) return Status::ok();
+    AFF_RETURN_IF_ERROR(tl_->eval(tokens, all_logits != nullptr, scratch_));
+    if (all_logits != nullptr) *all_logits = scratch_;
+    last_.assign(scratch_.end() - vocab_, scratch_.end());
+    return Status::ok();
+  }
+
+  std::span<const float> last_logits() const override { return last_; }
+  int64_t n_past() const override { return tl_->n_past(); }
+  int64_t max_positions() const override { return max_positions_; }
+  void reset() override {
+    tl_->reset();
+    last_.clear();
+  }
+
+ private:
+  std::unique_ptr<runtime::GpuTimeline> tl_;
+  int64_t vocab_, max_positions_;
+  std::vector<float> scratch_, last_;
+};
+
 class DsV4Engine final : public Engine {
  public:
   DsV4Engine(EngineOptions opts, std::unique_ptr<dsv4::LoadedModel> model, std::unique_ptr<Tokenizer> tok,
@@ -94,8 +135,17 @@ class DsV4Engine final : public Engine {
   const Tokenizer& tokenizer() const override { return *tok_; }
   std::unique_ptr<Session> new_session(int64_t max_positions) override {
     const int64_t n = max_positions > 0 ? std::min(max_positions, info_.max_context) : info_.max_context;
+    if (gpu_) {
+      dsv4::ForwardOptions fwd;
+      fwd.max_layers = opts_.max_layers;
+      fwd.no_routed_experts = opts_.no_routed_experts;
+      auto tl = gpu_->new_timeline(n, fwd);
+      // Out of GPU memory for one more session: that session runs on the CPU instead.
+      if (tl.is_ok()) return std::make_unique<GpuSession>(std::move(tl).value(), model_->config.vocab_size, n);
+    }
     return std::make_unique<DsV4Session>(*model_, opts_, n);
   }
+  void set_gpu(std::unique_ptr<runtime::GpuModel> gpu) { gpu_ = std::move(gpu); }
   const dsv4::LoadedModel* reference_model() const override { return model_.get(); }
 
  private:
@@ -103,7 +153,25 @@ class DsV4Engine final : public Engine {
   std::unique_ptr<dsv4::LoadedModel> model_;
   std::unique_ptr<Tokenizer> tok_;
   ModelInfo info_;
+  std::unique_ptr<runtime::GpuModel> gpu_;  // null: sessions run on the CPU
 };
+
+// The GPU model per --gpu, or null for the CPU; an error only for "on".
+Result<std::unique_ptr<runtime::GpuModel>> choose_gpu(const EngineOptions& opts, const dsv4::LoadedModel& model,
+                                                      std::string& note) {
+  if (opts.gpu == "off") return std::unique_ptr<runtime::GpuModel>();
+  if (opts.gpu != "on" && opts.gpu != "auto")
+    return invalid_argument(fmt::format("--gpu: expected auto, on or off, got '{}'", opts.gpu));
+  runtime::GpuBackendOptions go;
+  go.kv_size = opts.kv_size;
+  go.kv_commit = opts.kv_commit;
+  if (opts.gpu == "auto" && !runtime::gpu_backend_built()) return std::unique_ptr<runtime::GpuModel>();
+  auto gpu = runtime::load_gpu_model(model, go);
+  if (gpu.is_ok()) return std::move(gpu).value();
+  if (opts.gpu == "on") return Status(gpu.status().code(), "--gpu on: " + gpu.status().message());
+  note = "GPU not used: " + gpu.status().message();
+  return std::unique_ptr<runtime::GpuModel>();
+}
 
 }  // namespace
 
@@ -164,8 +232,19 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   info.bos_id = cfg.bos_token_id;
   info.eos_id = cfg.eos_token_id;
 
-  return std::unique_ptr<Engine>(
-      std::make_unique<DsV4Engine>(std::move(opts), std::move(model).value(), std::move(tok).value(), std::move(info)));
+  std::string note;
+  auto gpu = choose_gpu(opts, *model.value(), note);
+  if (!gpu.is_ok()) return gpu.status();
+  if (gpu.value()) {
+    info.backend = "cuda: " + gpu.value()->description();
+    info.max_context = std::min(info.max_context, opts.kv_size);
+  }
+  info.backend_note = note;
+
+  auto engine =
+      std::make_unique<DsV4Engine>(std::move(opts), std::move(model).value(), std::move(tok).value(), std::move(info));
+  engine->set_gpu(std::move(gpu).value());
+  return std::unique_ptr<Engine>(std::move(engine));
 }
 
 }  // namespace aff

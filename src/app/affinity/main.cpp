@@ -302,6 +302,9 @@ int run(int argc, char** argv) {
   eo.prefill_chunk_size = o.prefill_chunk_size;
   eo.max_layers = o.max_layers > 0 ? o.max_layers : -1;
   eo.no_routed_experts = o.no_routed_experts;
+  eo.gpu = o.gpu;
+  eo.kv_size = o.kv_size;
+  eo.kv_commit = o.kv_commit;
   aff::cpu::set_cpu_lane_enabled(o.cpu_lane != 0);
   const auto t_load = Clock::now();
   auto engine = aff::Engine::load(eo);
@@ -310,6 +313,8 @@ int run(int argc, char** argv) {
   std::fprintf(stderr, "affinity: loaded %s (%s): vocab %lld, context %lld, in %.2f s\n", info.name.c_str(),
                info.source.c_str(), static_cast<long long>(info.vocab_size),
                static_cast<long long>(info.max_context), seconds_since(t_load));
+  std::fprintf(stderr, "affinity: running on %s\n", info.backend.c_str());
+  if (!info.backend_note.empty()) std::fprintf(stderr, "affinity: %s\n", info.backend_note.c_str());
 
   if (o.was_given("--perplexity") || o.was_given("--route-stats")) return evaluate(o, *engine.value());
   if (!has_prompt) return serve(o, *engine.value());
