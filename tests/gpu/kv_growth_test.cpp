@@ -96,8 +96,10 @@ TEST(KvGrowth, GrowingStateGivesTheLogitsOfAFullyCommittedOne) {
     ASSERT_TRUE(st.is_ok()) << st.message();
     EXPECT_GE((*grow)->kv_committed, int64_t(at));
     std::vector<float> want, got;
-    ASSERT_TRUE(gpu_forward(**dev, **full, part, true, want).is_ok());
-    ASSERT_TRUE(gpu_forward(**dev, **grow, part, true, got).is_ok());
+    const Status a = gpu_forward(**dev, **full, part, true, want);
+    ASSERT_TRUE(a.is_ok()) << "fully committed state, after " << at << " positions: " << a.message();
+    const Status b = gpu_forward(**dev, **grow, part, true, got);
+    ASSERT_TRUE(b.is_ok()) << "growing state, after " << at << " positions: " << b.message();
     ASSERT_EQ(got.size(), size_t(n) * size_t(V));
     // Same kernels on the same data with the same grids: bit-identical, not just close.
     ASSERT_EQ(got, want) << "after " << at << " positions";

@@ -69,6 +69,8 @@ struct DeviceLayer {
 
 struct SyntheticModelOptions;  // runtime/device_synthetic.h
 
+struct SyntheticModelOptions;  // runtime/device_synthetic.h
+
 class DeviceModel {
  public:
   dsv4::ModelConfig config;
@@ -82,6 +84,8 @@ class DeviceModel {
 
  private:
   friend Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model);
+  friend Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfig& cfg,
+                                                                   const SyntheticModelOptions& opt);
   friend Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfig& cfg,
                                                                    const SyntheticModelOptions& opt);
   DeviceArena arena_;
