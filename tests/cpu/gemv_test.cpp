@@ -24,8 +24,9 @@ namespace {
 
 using quant::GgmlType;
 
-constexpr GgmlType kTypes[] = {GgmlType::kQ8_0,    GgmlType::kQ4_K,  GgmlType::kQ2_K, GgmlType::kQ3_K,
-                               GgmlType::kIQ2_XXS, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0,   GgmlType::kQ4_K,    GgmlType::kQ2_K,  GgmlType::kQ3_K,
+                               GgmlType::kIQ2_XXS, GgmlType::kIQ4_XS, GgmlType::kMXFP4,  GgmlType::kIQ2_XS,
+                               GgmlType::kIQ3_XXS, GgmlType::kIQ1_S,  GgmlType::kIQ1_M};
 
 // Relative to sum |w_i x_i|: integer block sums are exact in both, the rest is f32
 // rounding of a few hundred terms (an indexing bug errs by ~1/sqrt(n) of it).
@@ -153,7 +154,9 @@ TEST(GemvSelect, PicksTheBestIsaTheCpuHasAndFallsBack) {
     for (size_t i = 1; i < ks.size(); ++i) EXPECT_GE(int(ks[i - 1].isa), int(ks[i].isa)) << ks[i].name;
     EXPECT_EQ(ks.back().isa, Isa::kScalar);
     EXPECT_EQ(k->isa, expected_isa(t, f)) << k->name;
-    if (f.avx512_vbmi) EXPECT_GE(int(k->isa), int(Isa::kAvx512)) << k->name;
+    if (f.avx512_vbmi) {
+      EXPECT_GE(int(k->isa), int(Isa::kAvx512)) << k->name;
+    }
     const GemvKernel* s = select_gemv_kernel(t, cpu_features_without(f, "avx2"));
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->isa, Isa::kScalar);

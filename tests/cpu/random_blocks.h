@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -46,6 +47,21 @@ inline std::vector<uint8_t> random_weights(quant::GgmlType type, int64_t rows, i
       case quant::GgmlType::kMXFP4:
         reinterpret_cast<quant::BlockMxfp4*>(w.data())[i].e = uint8_t(115 + rng() % 20);
         break;
+      case quant::GgmlType::kIQ2_XS: reinterpret_cast<quant::BlockIq2Xs*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
+      case quant::GgmlType::kIQ3_XXS:
+        reinterpret_cast<quant::BlockIq3Xxs*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f);
+        break;
+      case quant::GgmlType::kIQ1_S: reinterpret_cast<quant::BlockIq1S*>(w.data())[i].d = random_f16(rng, 1e-3f, 1e-2f); break;
+      case quant::GgmlType::kIQ1_M: {
+        // The f16 super-scale is spread over the top nibbles of the four scale words.
+        auto& b = reinterpret_cast<quant::BlockIq1M*>(w.data())[i];
+        const uint16_t d = random_f16(rng, 1e-3f, 1e-2f);
+        uint16_t sc[4];
+        std::memcpy(sc, b.scales, sizeof(sc));
+        for (int k = 0; k < 4; ++k) sc[k] = uint16_t((sc[k] & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
+        std::memcpy(b.scales, sc, sizeof(sc));
+        break;
+      }
       default: ADD_FAILURE() << "no generator";
     }
   }

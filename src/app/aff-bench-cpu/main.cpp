@@ -71,6 +71,12 @@ void fill_weights(GgmlType type, uint8_t* w, size_t bytes, uint64_t seed) {
       case GgmlType::kQ3_K: std::memcpy(p + 108, &d, 2); break;
       case GgmlType::kIQ4_XS: std::memcpy(p, &d, 2); break;
       case GgmlType::kMXFP4: p[0] = 120; break;
+      case GgmlType::kIQ2_XS: std::memcpy(p, &d, 2); break;
+      case GgmlType::kIQ3_XXS: std::memcpy(p, &d, 2); break;
+      case GgmlType::kIQ1_S: std::memcpy(p, &d, 2); break;
+      case GgmlType::kIQ1_M:  // the f16 super-scale: top nibbles of the four scale words
+        for (int k = 0; k < 4; ++k) p[48 + 2 * k + 1] = uint8_t((p[48 + 2 * k + 1] & 0x0f) | (((d >> (4 * k)) & 0xf) << 4));
+        break;
       default: break;
     }
   }

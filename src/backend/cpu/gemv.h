@@ -48,8 +48,8 @@ struct GemvKernel {
   GemmFn gemm_fn = nullptr;  // fused multi-token kernel; nullptr: gemm() calls fn per token
 };
 
-// Weight types the CPU lane has kernels for: Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4 (scalar, AVX2,
-// AVX-512) and Q3_K, IQ4_XS (scalar, AVX-512).
+// Weight types the CPU lane has kernels for (scalar, AVX2 and AVX-512 each): Q8_0, Q4_K,
+// Q3_K, Q2_K, IQ4_XS, IQ2_XXS (also AVX-512 VBMI), IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M, MXFP4.
 bool gemv_has_kernels(quant::GgmlType t);
 // The activation format kernels for weight type t take (requires gemv_has_kernels(t)).
 ActFormat gemv_act_format(quant::GgmlType t);

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/act_quant.h"
 #include "backend/cpu/isa/gemv_isa.h"
+#include "backend/cpu/isa/iq_decode.h"
 #include "backend/cpu/isa/kernel_common.h"
 
 #if defined(__x86_64__)
@@ -16,6 +17,8 @@ namespace aff::cpu::isa {
 namespace {
 
 using quant::BlockIq2Xxs;
+using quant::BlockIq4Xs;
+using quant::BlockQ3K;
 using quant::BlockMxfp4;
 using quant::BlockQ2K;
 using quant::BlockQ4K;
@@ -159,6 +162,98 @@ float dot_mxfp4(const BlockMxfp4* w, const ActQ8_0* a, int64_t nb) {
   return hsum(acc);
 }
 
+float dot_q3k(const BlockQ3K* w, const ActQ8K* a, int64_t nb) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i four = _mm256_set1_epi8(4);
+  // As in Q2_K: step j of a 128-input half covers sub-blocks 2j and 2j+1 of that half.
+  __m256i bcast[4];
+  for (int j = 0; j < 4; ++j) bcast[j] = i16_bcast_mask(2 * j, 2 * j + 1);
+  __m256 acc = _mm256_setzero_ps(), acc_corr = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    uint32_t sw[4];
+    q3k_scale_words(w[b].scales, sw);
+    const __m128i sc8 = _mm_sub_epi8(_mm_set_epi32(int(sw[3]), int(sw[2]), int(sw[1]), int(sw[0])), _mm_set1_epi8(32));
+    const __m256i sc16_all = _mm256_cvtepi8_epi16(sc8);
+    // Codes are used as value + 4 in [0, 7]; the -4 comes back through the block sums.
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    const float dd = f16(w[b].d) * a[b].d;
+    acc_corr = _mm256_fmadd_ps(_mm256_set1_ps(4.0f * dd), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16_all)),
+                               acc_corr);
+    const __m256i sc16[2] = {_mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16_all)),
+                             _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16_all, 1))};
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].hmask));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * n));
+      for (int j = 0; j < 4; ++j) {
+        // Inputs 128n + 32j + l: low bits at shift 2j of qs[32n + l], high bit = bit 4n+j
+        // of hmask[l].
+        const __m256i bit = _mm256_set1_epi8(char(1 << (4 * n + j)));
+        const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+        const __m256i q3 = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), hb);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 128 * n + 32 * j));
+        // maddubs pairs <= 2*7*127: no saturation.
+        sumi = _mm256_add_epi32(
+            sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q3, x), _mm256_shuffle_epi8(sc16[n], bcast[j])));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc) - hsum(acc_corr);
+}
+
+float dot_iq4xs(const BlockIq4Xs* w, const ActQ8K* a, int64_t nb) {
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kValuesIq4nl));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      // Byte j of the 16: input j (low nibble) and j + 16 (high nibble).
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs + 16 * ib));
+      const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, m4));
+      const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+      const __m256i wv = _mm256_set_m128i(hi, lo);
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 32 * ib));
+      // |w| <= 127: maddubs pairs <= 2*127*127 < 2^15; vpmaddwd applies the scale.
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
+      const int16_t ls = int16_t(iq4xs_scale(w[b].scales_l, w[b].scales_h, ib));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(w[b].d) * a[b].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
+// IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M: super-block decoded by iq_decode.h to signed bytes and
+// per-16 scales, then the maddubs sign trick (|q| <= 62: pairs < 2^15).
+template <class B, void (*Decode)(const B&, DecodedIq&)>
+float dot_iq_decoded(const B* w, const ActQ8K* a, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  // Decoded one super-block ahead (see gemv_avx512.cpp): no failed store forwards.
+  DecodedIq ring[2];
+  Decode(w[0], ring[0]);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b + 1 < nb) Decode(w[b + 1], ring[(b + 1) & 1]);
+    const DecodedIq& dq = ring[b & 1];
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(dq.q + 32 * c));
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs + 32 * c));
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+      const __m256i sc = _mm256_setr_m128i(_mm_set1_epi16(dq.scale[2 * c]), _mm_set1_epi16(dq.scale[2 * c + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dq.d * a[b].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
+void decode_iq2xs_blk(const quant::BlockIq2Xs& b, DecodedIq& o) { decode_iq2xs(b, f16, o); }
+void decode_iq3xxs_blk(const quant::BlockIq3Xxs& b, DecodedIq& o) { decode_iq3xxs(b, f16, o); }
+void decode_iq1s_blk(const quant::BlockIq1S& b, DecodedIq& o) { decode_iq1s(b, f16, o); }
+void decode_iq1m_blk(const quant::BlockIq1M& b, DecodedIq& o) { decode_iq1m(b, f16, o); }
+
 template <typename Block, typename Act, float (*Dot)(const Block*, const Act*, int64_t), int64_t kElems>
 void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act, float* y) {
   const auto* a = static_cast<const Act*>(act);
@@ -168,6 +263,29 @@ void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, 
 }
 
 }  // namespace
+
+void gemv_q3k_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockQ3K, ActQ8K, dot_q3k, 256>(w, rb, rows, cols, a, y);
+}
+void gemv_iq4xs_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<BlockIq4Xs, ActQ8K, dot_iq4xs, 256>(w, rb, rows, cols, a, y);
+}
+void gemv_iq2xs_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<quant::BlockIq2Xs, ActQ8K, dot_iq_decoded<quant::BlockIq2Xs, decode_iq2xs_blk>, 256>(w, rb, rows, cols,
+                                                                                                  a, y);
+}
+void gemv_iq3xxs_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<quant::BlockIq3Xxs, ActQ8K, dot_iq_decoded<quant::BlockIq3Xxs, decode_iq3xxs_blk>, 256>(w, rb, rows,
+                                                                                                      cols, a, y);
+}
+void gemv_iq1s_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<quant::BlockIq1S, ActQ8K, dot_iq_decoded<quant::BlockIq1S, decode_iq1s_blk>, 256>(w, rb, rows, cols, a,
+                                                                                                y);
+}
+void gemv_iq1m_q8k_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_rows<quant::BlockIq1M, ActQ8K, dot_iq_decoded<quant::BlockIq1M, decode_iq1m_blk>, 256>(w, rb, rows, cols, a,
+                                                                                                y);
+}
 
 void gemv_q8_0_q8_0_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
   gemv_rows<BlockQ8_0, ActQ8_0, dot_q8_0, 32>(w, rb, rows, cols, a, y);
@@ -198,5 +316,11 @@ AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx2)
 AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx2)
 AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx2)
 AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx2)
+AFF_UNREACHABLE_GEMV(gemv_q3k_q8k_avx2)
+AFF_UNREACHABLE_GEMV(gemv_iq4xs_q8k_avx2)
+AFF_UNREACHABLE_GEMV(gemv_iq2xs_q8k_avx2)
+AFF_UNREACHABLE_GEMV(gemv_iq3xxs_q8k_avx2)
+AFF_UNREACHABLE_GEMV(gemv_iq1s_q8k_avx2)
+AFF_UNREACHABLE_GEMV(gemv_iq1m_q8k_avx2)
 }  // namespace aff::cpu::isa
 #endif

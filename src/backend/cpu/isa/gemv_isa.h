@@ -17,12 +17,22 @@ AFF_GEMV_DECL(gemv_iq2xxs_q8k_scalar);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_scalar);
 AFF_GEMV_DECL(gemv_q3k_q8k_scalar);
 AFF_GEMV_DECL(gemv_iq4xs_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq2xs_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq3xxs_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq1s_q8k_scalar);
+AFF_GEMV_DECL(gemv_iq1m_q8k_scalar);
 
 AFF_GEMV_DECL(gemv_q8_0_q8_0_avx2);
 AFF_GEMV_DECL(gemv_q4k_q8k_avx2);
 AFF_GEMV_DECL(gemv_q2k_q8k_avx2);
 AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx2);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx2);
+AFF_GEMV_DECL(gemv_q3k_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq4xs_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq2xs_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq3xxs_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq1s_q8k_avx2);
+AFF_GEMV_DECL(gemv_iq1m_q8k_avx2);
 
 AFF_GEMV_DECL(gemv_q8_0_q8_0_avx512);
 AFF_GEMV_DECL(gemv_q4k_q8k_avx512);
@@ -31,6 +41,10 @@ AFF_GEMV_DECL(gemv_iq2xxs_q8k_avx512);
 AFF_GEMV_DECL(gemv_mxfp4_q8_0_avx512);
 AFF_GEMV_DECL(gemv_q3k_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq4xs_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq2xs_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq3xxs_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq1s_q8k_avx512);
+AFF_GEMV_DECL(gemv_iq1m_q8k_avx512);
 
 AFF_GEMV_DECL(gemv_iq2xxs_q8kt_avx512vbmi);
 
@@ -46,6 +60,10 @@ AFF_GEMM_DECL(gemm_iq2xxs_q8k_avx512);
 AFF_GEMM_DECL(gemm_mxfp4_q8_0_avx512);
 AFF_GEMM_DECL(gemm_q3k_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq4xs_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq2xs_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq3xxs_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq1s_q8k_avx512);
+AFF_GEMM_DECL(gemm_iq1m_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq2xxs_q8kt_avx512vbmi);
 
 #undef AFF_GEMM_DECL

@@ -48,5 +48,17 @@ void gemv_q3k_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t col
 void gemv_iq4xs_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
   gemv_dequant(quant::GgmlType::kIQ4_XS, ActFormat::kQ8K, w, rb, rows, cols, a, y);
 }
+void gemv_iq2xs_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kIQ2_XS, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
+void gemv_iq3xxs_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kIQ3_XXS, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
+void gemv_iq1s_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kIQ1_S, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
+void gemv_iq1m_q8k_scalar(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* a, float* y) {
+  gemv_dequant(quant::GgmlType::kIQ1_M, ActFormat::kQ8K, w, rb, rows, cols, a, y);
+}
 
 }  // namespace aff::cpu::isa

@@ -28,6 +28,27 @@ namespace {
   *m = uint64_t(m_lo) | (uint64_t(m_hi) << 32);
 }
 
+// Q3_K's sixteen 6-bit scales, still stored +32, one byte each (sub-block i in byte i of
+// the 16 bytes w[0..3]): low nibbles of bytes 0-7 are scales 0-7, their high nibbles
+// 8-15, and byte 8 + i%4 holds the two high bits of scale i at shift 2*(i/4). Word ops
+// decode four at a time; callers subtract 32 per byte in a vector register.
+[[maybe_unused]] inline void q3k_scale_words(const uint8_t* s, uint32_t w[4]) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, s, 4);
+  std::memcpy(&a1, s + 4, 4);
+  std::memcpy(&a2, s + 8, 4);
+  const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  w[0] = (a0 & m4) | ((a2 & m2) << 4);
+  w[1] = (a1 & m4) | (((a2 >> 2) & m2) << 4);
+  w[2] = ((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4);
+  w[3] = ((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4);
+}
+
+// IQ4_XS 6-bit scale of sub-block ib (stored +32) minus 32.
+[[maybe_unused]] inline int iq4xs_scale(const uint8_t* scales_l, uint16_t scales_h, int ib) {
+  return int(((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
+}
+
 // ggml's MXFP4 "half" E8M0 decode, 2^(e-128), as a table.
 struct Mxfp4Scales {
   float v[256];
