@@ -24,8 +24,9 @@ namespace {
 
 using quant::GgmlType;
 
-constexpr GgmlType kTypes[] = {GgmlType::kQ8_0,    GgmlType::kQ4_K,  GgmlType::kQ2_K, GgmlType::kQ3_K,
-                               GgmlType::kIQ2_XXS, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0,   GgmlType::kQ4_K,    GgmlType::kQ2_K,  GgmlType::kQ3_K,
+                               GgmlType::kIQ2_XXS, GgmlType::kIQ4_XS, GgmlType::kMXFP4,  GgmlType::kIQ2_XS,
+                               GgmlType::kIQ3_XXS, GgmlType::kIQ1_S,  GgmlType::kIQ1_M};
 
 // Activation quantisation: x_i is rounded to a multiple of d = max|x_block| / 127, so
 // |x_i - x^_i| <= d/2 and |y_fast - y_ref| <= sum_i |W_i| * max|x_block(i)| * kHalfStep.

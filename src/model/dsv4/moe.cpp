@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/moe_lane.h"
 #include "backend/ref/activation.h"
 #include "backend/ref/linear.h"
 #include "backend/ref/vec.h"
@@ -11,6 +12,61 @@
 
 namespace aff::dsv4 {
 namespace {
+
+// Up to this many tokens a layer's experts go to the CPU lane together (one parallel
+// region, cpu::moe_lane_experts); larger batches give each projection enough rows x
+// tokens that a fork per projection is cheap, and would need T*k*moe_inter*8 bytes of
+// scratch at once.
+constexpr int64_t kMoeLaneMaxTokens = 64;
+
+// The CPU lane's dispatch: all experts of the layer with tokens (routed, then shared) in
+// one call, combined in the same order as the per-expert loop below, so the result is
+// bit-identical to it. False (nothing written) when an expert's weights are not on the
+// lane; the caller then runs the per-expert loop.
+bool moe_experts_on_cpu_lane(const ModelConfig& cfg, const MoeWeights& w,
+                             const std::vector<std::vector<std::pair<int64_t, float>>>& by_expert,
+                             const float* x, int64_t T, float* out) {
+  if (T > kMoeLaneMaxTokens) return false;
+  const int64_t D = cfg.hidden_size;
+  std::vector<cpu::ExpertJob> jobs;
+  std::vector<size_t> job_expert;  // routed expert of jobs[i]; the shared one is last
+  int64_t rows = 0;
+  for (size_t e = 0; e < by_expert.size(); ++e) {
+    if (by_expert[e].empty()) continue;
+    if (!cpu::moe_lane_supported(w.experts[e])) return false;
+    jobs.push_back({&w.experts[e], nullptr, int64_t(by_expert[e].size()), nullptr});
+    job_expert.push_back(e);
+    rows += int64_t(by_expert[e].size());
+  }
+  if (w.has_shared) {
+    if (!cpu::moe_lane_supported(w.shared)) return false;
+    jobs.push_back({&w.shared, x, T, nullptr});
+    rows += T;
+  }
+  std::vector<float> xs(size_t(rows * D)), ys(size_t(rows * D));
+  int64_t off = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].y = ys.data() + off * D;
+    if (i < job_expert.size()) {
+      const auto& list = by_expert[job_expert[i]];
+      for (size_t r = 0; r < list.size(); ++r)
+        std::copy_n(x + list[r].first * D, D, xs.data() + (off + int64_t(r)) * D);
+      jobs[i].x = xs.data() + off * D;
+    }
+    off += jobs[i].n;
+  }
+  if (!cpu::moe_lane_experts(jobs, float(cfg.swiglu_limit))) return false;
+  for (size_t i = 0; i < job_expert.size(); ++i) {
+    const auto& list = by_expert[job_expert[i]];
+    for (size_t r = 0; r < list.size(); ++r)
+      ref::axpy(list[r].second, jobs[i].y + int64_t(r) * D, out + list[r].first * D, D);
+  }
+  if (w.has_shared) {
+    const float* ysh = jobs.back().y;
+    for (int64_t i = 0; i < T * D; ++i) out[i] += ysh[i];
+  }
+  return true;
+}
 
 float score_fn(const std::string& func, float logit) {
   if (func == "sigmoid") return ref::sigmoid(logit);
@@ -100,6 +156,10 @@ Status moe_forward(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
       for (int i = 0; i < k; ++i)
         by_expert[size_t(routing.experts[size_t(t * k + i)])].push_back(
             {t, routing.weights[size_t(t * k + i)]});
+    if (moe_experts_on_cpu_lane(cfg, w, by_expert, x, T, out)) {
+      if (routing_out != nullptr) *routing_out = std::move(routing);
+      return Status::ok();
+    }
     std::vector<float> xs, ys;
     for (size_t e = 0; e < by_expert.size(); ++e) {
       const auto& list = by_expert[e];
