@@ -158,9 +158,10 @@ TEST(IndexerTopk, MatchesBruteForceWithTiesAndShortRows) {
     ASSERT_TRUE(ds.is_ok());
     auto sel = DeviceBuffer::allocate(size_t(T * k) * 4, "sel");
     auto cnt = DeviceBuffer::allocate(size_t(T) * 4, "count");
-    ASSERT_TRUE(sel.is_ok() && cnt.is_ok());
+    auto step = upload_vector(std::vector<StepInfo>{StepInfo{pos0, T}}, "step");
+    ASSERT_TRUE(sel.is_ok() && cnt.is_ok() && step.is_ok());
     TopkArgs a;
-    a.scores = ds->as<float>(), a.ld = n_entries, a.T = T, a.pos0 = pos0, a.n_entries = n_entries;
+    a.step = step->as<StepInfo>(), a.scores = ds->as<float>(), a.ld = n_entries, a.T = T;
     a.ratio = ratio, a.k = k, a.sel = sel->as<int32_t>(), a.count = cnt->as<int32_t>();
     ASSERT_TRUE(indexer_topk(a, nullptr).is_ok());
     auto got_sel = download_vector(sel->as<int32_t>(), size_t(T * k), "sel");

@@ -10,6 +10,7 @@
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
+#include "backend/cuda/linear.h"
 #include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
@@ -22,7 +23,7 @@ Status hc_mixes(const DeviceModel& m, const DeviceLinear& fn, GpuState& st, cons
   const int64_t width = int64_t(m.config.hc_mult) * m.config.hidden_size;
   cudaStream_t s = st.stream.get();
   AFF_RETURN_IF_ERROR(rmsnorm_f32(h, st.ws.z.as<float>(), T, width, nullptr, eps_of(m), s));
-  return gemv_f32(fn, st.ws.z.as<float>(), T, st.ws.mix.as<float>(), s);
+  return linear(fn, st.ws.z.as<float>(), T, st.ws.mix.as<float>(), s);
 }
 
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
@@ -52,8 +53,8 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d);
   float* kv = st.ws.comp_kv.as<float>();
   float* gate = st.ws.comp_gate.as<float>();
-  AFF_RETURN_IF_ERROR(gemv_f32(c.wkv, x, T, kv, s));
-  AFF_RETURN_IF_ERROR(gemv_f32(c.wgate, x, T, gate, s));
+  AFF_RETURN_IF_ERROR(linear(c.wkv, x, T, kv, s));
+  AFF_RETURN_IF_ERROR(linear(c.wgate, x, T, gate, s));
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
@@ -78,19 +79,19 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   cudaStream_t s = st.stream.get();
   AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
-  AFF_RETURN_IF_ERROR(gemv_f32(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
-  AFF_RETURN_IF_ERROR(gemv_f32(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
+  AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
+  AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
   AFF_RETURN_IF_ERROR(
       rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), s));
-  const int64_t n_entries = (pos0 + T) / ix.compressor.ratio;
   IndexerScoreArgs a;
+  a.step = st.step.as<StepInfo>();
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
-  a.T = T, a.pos0 = pos0, a.n_entries = n_entries, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
-  a.scores = st.ws.scores.as<float>();
+  a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
+  a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
-  k.scores = a.scores, k.ld = n_entries, k.T = T, k.pos0 = pos0, k.n_entries = n_entries;
+  k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;
   k.ratio = ix.compressor.ratio, k.k = c.index_topk;
   k.sel = st.ws.sel.as<int32_t>(), k.count = st.ws.sel_count.as<int32_t>();
   return indexer_topk(k, s);
@@ -140,11 +141,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   float* qr = ws.qr.as<float>();
   float* q = ws.q.as<float>();
   float* kv = ws.kv.as<float>();
-  AFF_RETURN_IF_ERROR(gemv_f32(w.wq_a, x, T, qr, s));
+  AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
   AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
-  AFF_RETURN_IF_ERROR(gemv_f32(w.wq_b, qr, T, q, s));
+  AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   AFF_RETURN_IF_ERROR(rmsnorm_f32(q, q, T * H, Dh, nullptr, eps, s));
-  AFF_RETURN_IF_ERROR(gemv_f32(w.wkv, x, T, kv, s));
+  AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
   AFF_RETURN_IF_ERROR(rmsnorm_f32(kv, kv, T, Dh, w.kv_norm, eps, s));
   AFF_RETURN_IF_ERROR(rope_f32(rope_rows(q, T * H, Dh, st, compressed, rd, H, false), s));
   AFF_RETURN_IF_ERROR(rope_f32(rope_rows(kv, T, Dh, st, compressed, rd, 1, false), s));
@@ -154,7 +155,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     if (!w.compressor.present) return internal_error("attention: compressed layer without a compressor");
     AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0));
     a.entries = ls.kv.entries.as<float>();
-    a.n_entries = (pos0 + T) / w.compressor.ratio;
+    a.entry_capacity = ls.kv.capacity;
     a.ratio = w.compressor.ratio;
     a.mode = AttnEntries::kVisible;
     if (w.indexer.present) {
@@ -164,9 +165,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     }
   }
   a.q = q, a.kv = kv, a.ring = ls.window.as<float>(), a.sinks = w.attn_sink;
-  a.T = T, a.pos0 = pos0, a.H = H, a.Dh = Dh, a.W = c.sliding_window;
+  a.step = st.step.as<StepInfo>(), a.T = T, a.H = H, a.Dh = Dh, a.W = c.sliding_window;
   a.scale = 1.0f / std::sqrt(float(Dh));
-  a.out = ws.o.as<float>();
+  a.precision = mma_precision(), a.out = ws.o.as<float>();
+  // Key-split partials borrow the MoE pair outputs, which are dead until gpu_moe.
+  a.scratch = ws.y_pairs.as<float>(), a.scratch_floats = int64_t(ws.y_pairs.bytes() / sizeof(float));
   AFF_RETURN_IF_ERROR(attention_sparse(a, s));
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
@@ -186,9 +189,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
   for (int g = 0; g < G; ++g)
-    AFF_RETURN_IF_ERROR(gemv_rows_f32(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
+    AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
                                       u + g * R, G * R, s));
-  return gemv_f32(w.wo_b, u, T, out, s);
+  return linear(w.wo_b, u, T, out, s);
 }
 
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
@@ -200,7 +203,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   const int k = c.n_experts_per_tok;
   const float limit = float(c.swiglu_limit);
   if (!no_routed) {
-    AFF_RETURN_IF_ERROR(gemv_f32(w.gate, x, T, ws.router_logits.as<float>(), s));
+    AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
     RouterArgs r;
     r.logits = ws.router_logits.as<float>();
     r.bias = w.tid2eid ? nullptr : w.gate_bias;

@@ -2,6 +2,17 @@
 // keys = the sliding window (ring + this chunk) and, on compressed layers,
 // compressed entries (all visible ones for HCA, the indexer's choice for CSA),
 // with a learned sink logit per head. Output is before de-rotation.
+//
+// All heads of a query attend to the same keys, so per query the work is two
+// small GEMMs with the heads as rows: S = Q[H, Dh] K^T, O = softmax(S) K. The
+// kernel runs them on bf16 tensor cores; keys are split over blocks
+// (flash-decoding) when there are too few queries to fill the GPU, and the
+// partial results are merged by a second kernel.
+//
+// Graph-safe: the chunk's position and length are read from StepInfo in device
+// memory, every count that depends on them is derived on the device, and the
+// grid depends only on capacities, so one captured decode step replays for
+// every position.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +20,8 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/kernels/gemm/mma_precision.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
@@ -19,25 +32,35 @@ enum class AttnEntries : int32_t {
 };
 
 struct AttentionArgs {
+  const StepInfo* step = nullptr;  // device: pos0 and T of this chunk
   const float* q = nullptr;        // [T, H, Dh] queries (normed, RoPE'd)
   const float* kv = nullptr;       // [T, Dh] the chunk's KV latents (normed, RoPE'd)
   const float* ring = nullptr;     // [W, Dh] window ring: position p < pos0 at row p % W
-  const float* entries = nullptr;  // [n_entries, Dh] compressed entries
-  int64_t n_entries = 0;
+  const float* entries = nullptr;  // [entry_capacity, Dh] compressed entries
+  int64_t entry_capacity = 0;      // rows of `entries` (bounds kVisible; sizes the split grid)
   int ratio = 0;
   AttnEntries mode = AttnEntries::kNone;
-  const int32_t* sel = nullptr;    // [T, sel_ld] (kSelected)
-  const int32_t* sel_count = nullptr;  // [T]
+  const int32_t* sel = nullptr;        // [T, sel_ld] (kSelected)
+  const int32_t* sel_count = nullptr;  // [T], each <= sel_ld
   int sel_ld = 0;
   const float* sinks = nullptr;    // [H] sink logits
-  int64_t T = 0, pos0 = 0;
+  int64_t T = 0;                   // queries the launch is sized for (>= step->T)
   int H = 0, Dh = 0, W = 0;
   float scale = 1.0f;              // 1 / sqrt(Dh)
+  MmaPrecision precision = MmaPrecision::kBf16x3;
   float* out = nullptr;            // [T, H, Dh]
+  // Scratch for the key-split partials: [T, splits, H, Dh + 2] f32. With less
+  // than one split's worth per query the keys are not split.
+  float* scratch = nullptr;
+  int64_t scratch_floats = 0;
 };
 
 // out[t, h] = sum_i softmax_i(q . k_i * scale; sink) k_i, with the sink in the
-// denominator only. Dh <= 512.
+// denominator only. Dh <= 512, Dh % 8 == 0; any H (in groups of 64).
 Status attention_sparse(const AttentionArgs& a, cudaStream_t stream);
+
+// Number of key splits attention_sparse uses for these arguments (for tests
+// and benchmarks: a pure function of the capacities, never of the position).
+int attention_splits(const AttentionArgs& a);
 
 }  // namespace aff::cuda

@@ -1,44 +1,160 @@
-// indexer_scores_f32_sm90: grid (key tiles of 8, T); one warp per key, heads in
-// order (the reference's summation order over heads).
-// indexer_topk_f32_sm90: one block of 256 threads per query: four 8-bit radix
-// passes find the k-th largest key, then ids are compacted in id order.
+// indexer_scores_mma_sm90: block = (128 keys, group of 16 queries), 8 warps.
+// The key tile is converted to bf16 (hi + lo in kBf16x3) once; per query the
+// 64 heads x 128 keys dot products run on tensor cores (warp = 16 heads x 64
+// keys), then ReLU, the head weights and the sum over heads are applied to the
+// accumulators in registers (shuffles over the 8 rows a lane group holds,
+// then the 4 head tiles summed in a fixed order). The same kernel serves
+// decode (one query, the grid spans the key capacity) and prefill.
+// indexer_topk_f32_sm90: one block per query: four 8-bit radix passes find
+// the k-th largest key (bin search by one warp), then ids are compacted in id
+// order. 1024 threads for short chunks (decode), 256 for long ones.
 #include <cfloat>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
 
-constexpr int kKeysPerBlock = 8;
-constexpr int kTopkThreads = 256;
+constexpr int kThreads = 256;
+constexpr int kKeyTile = 128;
+constexpr int kQueries = 16;  // queries per block: each key tile is converted once for them
+constexpr int kHeads = 64;    // head rows (MMA M), zero-padded
+constexpr int kMaxHd = 128;
+constexpr int kLd = kMaxHd + 8;  // bf16 row stride: rows start 4 banks apart
+constexpr size_t kMaxStagedBytes = 200 * 1024;  // top-k rows staged in shared memory up to this size
 
-__device__ __forceinline__ int64_t visible(int64_t pos, int ratio, int64_t n_entries) {
-  const int64_t v = (pos + 1) / ratio;
-  return v < n_entries ? v : n_entries;
+__device__ __forceinline__ int64_t n_visible(int64_t pos, int ratio, int64_t capacity) {
+  const int64_t v = visible_entries(pos, ratio);
+  return v < capacity ? v : capacity;
 }
 
-__global__ void __launch_bounds__(kKeysPerBlock * 32) indexer_scores_f32_sm90(IndexerScoreArgs a) {
+template <bool kSplit>
+__device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
+  uint16_t h[4], l[4];
+  split_bf16(v.x, h[0], l[0]);
+  split_bf16(v.y, h[1], l[1]);
+  split_bf16(v.z, h[2], l[2]);
+  split_bf16(v.w, h[3], l[3]);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
+  if (kSplit)
+    *reinterpret_cast<uint2*>(lo) =
+        make_uint2(uint32_t(l[0]) | uint32_t(l[1]) << 16, uint32_t(l[2]) | uint32_t(l[3]) << 16);
+}
+
+template <bool kSplit>
+struct ScoreLayout {
+  static constexpr int kParts = kSplit ? 2 : 1;
+  static constexpr size_t k = 0;                                      // u16 [parts][kKeyTile][kLd]
+  static constexpr size_t q = k + size_t(kParts) * kKeyTile * kLd * 2;  // u16 [parts][kHeads][kLd]
+  static constexpr size_t w = q + size_t(kParts) * kHeads * kLd * 2;    // f32 [kHeads]
+  static constexpr size_t red = w + kHeads * 4;                         // f32 [4][kKeyTile]
+  static constexpr size_t bytes = red + 4 * kKeyTile * 4;
+};
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
+  using L = ScoreLayout<kSplit>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
+  float* w_s = reinterpret_cast<float*>(smem + L::w);
+  float* red = reinterpret_cast<float*>(smem + L::red);
+
+  const StepInfo step = *a.step;
+  const int64_t key0 = int64_t(blockIdx.x) * kKeyTile;
+  const int64_t t0 = int64_t(blockIdx.y) * kQueries;
+  if (t0 >= step.T) return;
+  const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
+  const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
+  if (key0 >= n_max) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t j = int64_t(blockIdx.x) * kKeysPerBlock + warp;
-  const int64_t t = blockIdx.y;
-  if (j >= a.n_entries) return;
-  float* out = a.scores + t * a.n_entries + j;
-  if (j >= visible(a.pos0 + t, a.ratio, a.n_entries)) {
-    if (lane == 0) *out = -INFINITY;
-    return;
+  const int g = lane >> 2, c = lane & 3;
+
+  {  // all 16 loads in flight before converting (latency bound otherwise)
+    constexpr int kIters = kKeyTile * kMaxHd / 4 / kThreads;
+    float4 v[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+      v[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+      store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, v[i]);
+    }
   }
-  const float* k = a.keys + j * a.hd;
-  float s = 0.0f;
-  for (int h = 0; h < a.nh; ++h) {
-    const float* q = a.q + (t * a.nh + h) * a.hd;
-    float d = 0.0f;
-    for (int i = lane; i < a.hd; i += 32) d = fmaf(q[i], k[i], d);
-    d = warp_sum(d);
-    s += fmaxf(d, 0.0f) * (a.w[t * a.nh + h] * a.w_scale);
+  const int k_steps = (a.hd + 15) / 16;
+  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [64 kh, +64)
+
+  for (int64_t t = t0; t < t_end; ++t) {
+    const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
+    if (key0 >= n_vis) continue;  // uniform over the block
+    {
+      constexpr int kIters = kHeads * kMaxHd / 4 / kThreads;
+      float4 v[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+        v[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+        store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, v[i]);
+      }
+    }
+    if (threadIdx.x < kHeads) w_s[threadIdx.x] = threadIdx.x < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
+    __syncthreads();
+
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int ks = 0; ks < k_steps; ++ks) {
+      uint32_t ah[4], al[4];
+      load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
+      if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b0, b1;
+        load_b_frag_nk(b0, b1, k_s, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+        mma_bf16_16816(acc[j], ah, b0, b1);
+        if (kSplit) {
+          mma_bf16_16816(acc[j], al, b0, b1);
+          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+          mma_bf16_16816(acc[j], ah, b0, b1);
+        }
+      }
+    }
+    const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
+      float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+      }
+      if (g == 0) {
+        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c] = s0;
+        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c + 1] = s1;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kKeyTile) {
+      const int64_t j = key0 + threadIdx.x;
+      const int i = threadIdx.x;
+      if (j < a.capacity)
+        a.scores[t * a.capacity + j] =
+            j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
+    }
   }
-  if (lane == 0) *out = s;
 }
 
 // Order-preserving map of floats onto unsigned integers.
@@ -47,7 +163,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix sum of v over the block (kTopkThreads threads) and the total.
+// Exclusive prefix sum of v over the block (NT threads) and the total.
+template <int NT>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
@@ -61,7 +178,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& t
   int before = 0;
   total = 0;
 #pragma unroll
-  for (int w = 0; w < kTopkThreads / 32; ++w) {
+  for (int w = 0; w < NT / 32; ++w) {
     if (w < warp) before += warp_tot[w];
     total += warp_tot[w];
   }
@@ -69,37 +186,79 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& t
   return before + x - v;
 }
 
-__global__ void __launch_bounds__(kTopkThreads) indexer_topk_f32_sm90(TopkArgs a) {
+// The row's ordered keys are staged once in shared memory (kStaged), so the
+// four radix passes and the compaction do not go back to global memory.
+template <int NT, bool kStaged>
+__global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
+  extern __shared__ uint32_t staged[];  // [ld] when kStaged
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_remaining;
-  __shared__ int warp_tot[kTopkThreads / 32];
+  __shared__ int warp_tot[NT / 32];
+  const StepInfo step = *a.step;
   const int64_t t = blockIdx.x;
-  const int64_t n = visible(a.pos0 + t, a.ratio, a.n_entries);
+  if (t >= step.T) return;
+  const int64_t n = n_visible(step.pos0 + t, a.ratio, a.ld);
   const float* sc = a.scores + t * a.ld;
   int32_t* out = a.sel + t * a.k;
   if (n <= a.k) {
-    for (int64_t j = threadIdx.x; j < n; j += kTopkThreads) out[j] = int32_t(j);
+    for (int64_t j = threadIdx.x; j < n; j += NT) out[j] = int32_t(j);
     if (threadIdx.x == 0) a.count[t] = int32_t(n);
     return;
   }
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(a.k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
-    __syncthreads();
-    for (int64_t j = threadIdx.x; j < n; j += kTopkThreads) {
-      const uint32_t u = order_key(sc[j]);
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+  if (kStaged) {
+    constexpr int kBatch = 8;
+    for (int64_t j0 = 0; j0 < n; j0 += int64_t(NT) * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
+        v[i] = j < n ? sc[j] : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
+        if (j < n) staged[j] = order_key(v[i]);
+      }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t cum = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (cum + hist[b] >= remaining) {
-          s_prefix = prefix | (uint32_t(b) << shift);
-          s_remaining = remaining - cum;
-          break;
+  }
+  auto key_at = [&](int64_t j) { return kStaged ? staged[j] : order_key(sc[j]); };
+  const int lane = threadIdx.x & 31;
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(a.k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
+    __syncthreads();
+    // Scores of similar size share their high bits, so the early passes hit
+    // few bins: lanes with the same bin add once, by their count (a plain
+    // atomic per key serialises thousands of updates on one address).
+    for (int64_t j0 = 0; j0 < n; j0 += NT) {
+      const int64_t j = j0 + threadIdx.x;
+      const uint32_t u = j < n ? key_at(j) : 0u;
+      const uint32_t bin = j < n && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256u && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], uint32_t(__popc(peers)));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // warp 0: lane owns bins [8 lane, +8); find the bin holding the k-th largest
+      uint32_t own = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) own += hist[8 * lane + b];
+      uint32_t suffix = own;  // sum over lanes >= this one
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += y;
+      }
+      uint32_t cum = suffix - own;  // keys in higher bins
+      if (cum < remaining && suffix >= remaining) {
+        for (int b = 8 * lane + 7; b >= 8 * lane; --b) {
+          if (cum + hist[b] >= remaining) {
+            s_prefix = prefix | (uint32_t(b) << shift);
+            s_remaining = remaining - cum;
+            break;
+          }
+          cum += hist[b];
         }
-        cum += hist[b];
       }
     }
     __syncthreads();
@@ -111,16 +270,16 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_f32_sm90(TopkArgs a
   // prefix is now the exact key of the k-th largest score: take every larger
   // key and the `remaining` lowest-id keys equal to it.
   int out_base = 0, eq_seen = 0;
-  for (int64_t j0 = 0; j0 < n; j0 += kTopkThreads) {
+  for (int64_t j0 = 0; j0 < n; j0 += NT) {
     const int64_t j = j0 + threadIdx.x;
-    const uint32_t u = j < n ? order_key(sc[j]) : 0u;
+    const uint32_t u = j < n ? key_at(j) : 0u;
     const bool gt = j < n && u > prefix;
     const bool eq = j < n && u == prefix;
     int eq_total = 0;
-    const int eq_rank = eq_seen + block_exclusive_scan(eq ? 1 : 0, warp_tot, eq_total);
+    const int eq_rank = eq_seen + block_exclusive_scan<NT>(eq ? 1 : 0, warp_tot, eq_total);
     const bool take = gt || (eq && uint32_t(eq_rank) < remaining);
     int take_total = 0;
-    const int slot = out_base + block_exclusive_scan(take ? 1 : 0, warp_tot, take_total);
+    const int slot = out_base + block_exclusive_scan<NT>(take ? 1 : 0, warp_tot, take_total);
     if (take) out[slot] = int32_t(j);
     out_base += take_total;
     eq_seen += eq_total;
@@ -128,20 +287,51 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_f32_sm90(TopkArgs a
   if (threadIdx.x == 0) a.count[t] = a.k;
 }
 
+template <bool kSplit>
+Status launch_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
+  using L = ScoreLayout<kSplit>;
+  static const cudaError_t attr = cudaFuncSetAttribute(indexer_scores_mma_sm90<kSplit>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
+  AFF_CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(unsigned((a.capacity + kKeyTile - 1) / kKeyTile), unsigned((a.T + kQueries - 1) / kQueries));
+  indexer_scores_mma_sm90<kSplit><<<grid, kThreads, L::bytes, stream>>>(a);
+  return launch_status("indexer_scores_mma_sm90");
+}
+
 }  // namespace
 
 Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
-  if (a.T == 0 || a.n_entries == 0) return Status::ok();
-  if (a.T > 65535) return internal_error("indexer_scores: too many queries in one launch");
-  const dim3 grid(unsigned((a.n_entries + kKeysPerBlock - 1) / kKeysPerBlock), unsigned(a.T));
-  indexer_scores_f32_sm90<<<grid, kKeysPerBlock * 32, 0, stream>>>(a);
-  return launch_status("indexer_scores_f32_sm90");
+  if (a.T == 0 || a.capacity == 0) return Status::ok();
+  if (a.step == nullptr) return internal_error("indexer_scores: no step info");
+  if (a.nh <= 0 || a.nh > kHeads) return unsupported("indexer_scores: more than 64 indexer heads on the GPU");
+  if (a.hd <= 0 || a.hd > kMaxHd || a.hd % 8 != 0)
+    return unsupported("indexer_scores: index_head_dim must be a multiple of 8 and at most 128 on the GPU");
+  if ((a.T + kQueries - 1) / kQueries > 65535) return internal_error("indexer_scores: too many queries in one launch");
+  return a.precision == MmaPrecision::kBf16x3 ? launch_scores<true>(a, stream) : launch_scores<false>(a, stream);
 }
+
+namespace {
+
+template <int NT, bool kStaged>
+Status launch_topk(const TopkArgs& a, cudaStream_t stream) {
+  const size_t smem = kStaged ? size_t(a.ld) * 4 : 0;
+  static const cudaError_t attr = cudaFuncSetAttribute(indexer_topk_f32_sm90<NT, kStaged>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStagedBytes));
+  AFF_CUDA_RETURN_IF_ERROR(attr);
+  indexer_topk_f32_sm90<NT, kStaged><<<unsigned(a.T), NT, smem, stream>>>(a);
+  return launch_status("indexer_topk_f32_sm90");
+}
+
+}  // namespace
 
 Status indexer_topk(const TopkArgs& a, cudaStream_t stream) {
   if (a.T == 0) return Status::ok();
-  indexer_topk_f32_sm90<<<unsigned(a.T), kTopkThreads, 0, stream>>>(a);
-  return launch_status("indexer_topk_f32_sm90");
+  if (a.step == nullptr) return internal_error("indexer_topk: no step info");
+  // Few queries (decode) leave SMs idle: give each one more threads. Rows up
+  // to kMaxStagedBytes are staged in shared memory (a 200K-token context).
+  const bool staged = size_t(a.ld) * 4 <= kMaxStagedBytes;
+  if (a.T <= 32) return staged ? launch_topk<1024, true>(a, stream) : launch_topk<1024, false>(a, stream);
+  return staged ? launch_topk<256, true>(a, stream) : launch_topk<256, false>(a, stream);
 }
 
 }  // namespace aff::cuda

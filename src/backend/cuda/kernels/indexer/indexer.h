@@ -1,5 +1,9 @@
 // Lightning indexer of CSA layers: scores of every visible compressed key for
 // every query, then each query's top-k entry ids.
+//
+// Graph-safe: positions come from StepInfo in device memory, buffers are laid
+// out by capacity (not by how many entries exist now), and grids depend only
+// on capacities, so one captured decode step replays for every position.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,29 +11,37 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/kernels/gemm/mma_precision.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
 struct IndexerScoreArgs {
+  const StepInfo* step = nullptr;  // device: the chunk's pos0 and T
   const float* q = nullptr;     // [T, nh, hd] indexer queries (RoPE applied)
   const float* w = nullptr;     // [T, nh] per-head weights (weights_proj x)
   float w_scale = 1.0f;         // 1/sqrt(hd)/sqrt(nh), folded into w as the reference does
-  const float* keys = nullptr;  // [n_entries, hd] indexer compressor entries
-  int64_t T = 0, pos0 = 0, n_entries = 0;
+  const float* keys = nullptr;  // [capacity, hd] indexer compressor entries
+  int64_t T = 0;                // queries the launch is sized for (>= step->T)
+  int64_t capacity = 0;         // rows of keys, and the row stride of scores
   int nh = 0, hd = 0, ratio = 0;
-  float* scores = nullptr;      // out [T, n_entries]: sum_h w[t,h] relu(q[t,h] . k[j]); -inf where not visible
+  MmaPrecision precision = MmaPrecision::kBf16x3;
+  float* scores = nullptr;      // out [T, capacity]: sum_h w[t,h] relu(q[t,h] . k[j]) for visible j
 };
 
 // Entry j is visible to the query at position p when j < (p + 1) / ratio.
+// Columns at or past the last visible entry are left unwritten or -inf.
+// nh <= 64, hd <= 128, hd % 8 == 0.
 Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream);
 
 struct TopkArgs {
-  const float* scores = nullptr;  // [T, ld] (only the first n_vis(t) of each row are read)
-  int64_t ld = 0;
-  int64_t T = 0, pos0 = 0, n_entries = 0;
+  const StepInfo* step = nullptr;  // device: the chunk's pos0 and T
+  const float* scores = nullptr;   // [T, ld] (only the first n_vis(t) of each row are read)
+  int64_t ld = 0;                  // = capacity: n_vis(t) is clamped to it
+  int64_t T = 0;                   // queries the launch is sized for (>= step->T)
   int ratio = 0, k = 0;
-  int32_t* sel = nullptr;         // out [T, k] chosen ids, in increasing id order
-  int32_t* count = nullptr;       // out [T] = min(k, n_vis(t))
+  int32_t* sel = nullptr;          // out [T, k] chosen ids, in increasing id order
+  int32_t* count = nullptr;        // out [T] = min(k, n_vis(t))
 };
 
 // The k highest scores among the visible entries (ties: lower id first), or

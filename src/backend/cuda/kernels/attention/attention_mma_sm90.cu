@@ -1,0 +1,458 @@
+// attention_mma_sm90: one block of 8 warps per (key split, query, group of 64
+// heads). The block stages its queries once in shared memory as bf16 (hi + lo
+// pairs in kBf16x3), then walks its keys in tiles of 32:
+//   1. converts the tile's keys (f32 in the ring, the chunk or the compressed
+//      entries) to bf16 in shared memory: each key is read once per block,
+//      for all 64 heads;
+//   2. S[64 x 32] = Q K^T on tensor cores (warp = 16 heads x 16 keys);
+//   3. online softmax per head row (warp = 8 rows, lane = key);
+//   4. O[64 x Dh] += P K on tensor cores (warp = 64 heads x Dh/8 channels,
+//      accumulators stay in registers for the whole walk).
+// With one split the block folds the sink in and writes the output; with
+// several it writes (O, max, sum) partials that attention_merge_f32_sm90
+// combines. The sink enters the denominator only, as in the reference.
+#include <algorithm>
+#include <cfloat>
+
+#include "backend/cuda/kernels/attention/attention.h"
+#include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/gemm/mma_bf16.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;  // heads per block: the MMA M dimension
+constexpr int kKeys = 32;  // keys per tile
+constexpr int kPad = 8;    // bf16 row padding: consecutive rows start 4 banks apart
+constexpr int kSLd = kKeys + 1;
+constexpr int kPLd = kKeys + kPad;
+constexpr int kMaxDh = 512;
+constexpr int kMergeThreads = 128;
+constexpr int64_t kMaxSplits = 64;  // the merge reads every split's partials
+
+// Shared-memory layout for head_dim padded to 64 * NT; kParts = 2 holds hi and lo.
+template <int NT, bool kSplit>
+struct Layout {
+  static constexpr int DP = 64 * NT;
+  static constexpr int LD = DP + kPad;
+  static constexpr int kParts = kSplit ? 2 : 1;
+  static constexpr size_t q = 0;                                         // u16 [parts][kRows][LD]
+  static constexpr size_t k = q + size_t(kParts) * kRows * LD * 2;       // u16 [parts][kKeys][LD]
+  static constexpr size_t s = k + size_t(kParts) * kKeys * LD * 2;       // f32 [kRows][kSLd]
+  static constexpr size_t p = s + size_t(kRows) * kSLd * 4;              // u16 [parts][kRows][kPLd]
+  static constexpr size_t rows = p + size_t(kParts) * kRows * kPLd * 2;  // f32 m, l, corr [kRows] each
+  static constexpr size_t keys = rows + 3 * kRows * 4;                   // const float* [kKeys]
+  static constexpr size_t bytes = keys + kKeys * sizeof(const float*);
+};
+
+// The keys of query t: window positions [win_start, pos], then compressed ones.
+struct KeySet {
+  int64_t pos0, win_start, n_win, n_keys;
+};
+
+__device__ __forceinline__ KeySet key_set(const AttentionArgs& a, int64_t pos0, int64_t t) {
+  KeySet k;
+  const int64_t pos = pos0 + t;
+  k.pos0 = pos0;
+  k.win_start = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+  k.n_win = pos - k.win_start + 1;
+  int64_t n_comp = 0;
+  if (a.mode == AttnEntries::kVisible) {
+    n_comp = visible_entries(pos, a.ratio);
+    if (n_comp > a.entry_capacity) n_comp = a.entry_capacity;
+  } else if (a.mode == AttnEntries::kSelected) {
+    n_comp = a.sel_count[t];
+  }
+  k.n_keys = k.n_win + n_comp;
+  return k;
+}
+
+__device__ __forceinline__ const float* key_ptr(const AttentionArgs& a, const KeySet& k, int64_t t, int64_t i) {
+  if (i < k.n_win) {
+    const int64_t p = k.win_start + i;
+    return p >= k.pos0 ? a.kv + (p - k.pos0) * a.Dh : a.ring + (p % a.W) * a.Dh;
+  }
+  int64_t j = i - k.n_win;
+  if (a.mode == AttnEntries::kSelected) j = a.sel[t * a.sel_ld + j];
+  return a.entries + j * a.Dh;
+}
+
+// Stores 4 f32 as bf16 (hi, and lo when split) at dst[0..3] (8-byte aligned).
+template <bool kSplit>
+__device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
+  uint16_t h[4], l[4];
+  split_bf16(v.x, h[0], l[0]);
+  split_bf16(v.y, h[1], l[1]);
+  split_bf16(v.z, h[2], l[2]);
+  split_bf16(v.w, h[3], l[3]);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
+  if (kSplit)
+    *reinterpret_cast<uint2*>(lo) =
+        make_uint2(uint32_t(l[0]) | uint32_t(l[1]) << 16, uint32_t(l[2]) | uint32_t(l[3]) << 16);
+}
+
+// Partial results of split s: O at scratch[((t*splits + s)*H + h)*Dh], then
+// (max, sum) pairs after all O rows.
+__device__ __forceinline__ float* partial_o(const AttentionArgs& a, int splits, int64_t t, int s, int h) {
+  return a.scratch + ((t * splits + s) * a.H + h) * a.Dh;
+}
+__device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits, int64_t t, int s, int h) {
+  return a.scratch + a.T * splits * a.H * a.Dh + ((t * splits + s) * a.H + h) * 2;
+}
+
+template <int NT, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
+  using L = Layout<NT, kSplit>;
+  constexpr int DP = L::DP, LD = L::LD;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
+  uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
+  float* s_s = reinterpret_cast<float*>(smem + L::s);
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + L::p);
+  float* row_m = reinterpret_cast<float*>(smem + L::rows);
+  float* row_l = row_m + kRows;
+  float* row_c = row_l + kRows;
+  const float** key_s = reinterpret_cast<const float**>(smem + L::keys);
+
+  const int split = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int h0 = blockIdx.z * kRows;
+  const StepInfo step = *a.step;
+  if (t >= step.T) return;
+  const KeySet ks = key_set(a, step.pos0, t);
+  const int64_t k_begin = int64_t(split) * keys_per_split;
+  const int64_t k_end = ks.n_keys < k_begin + keys_per_split ? ks.n_keys : k_begin + keys_per_split;
+  const int n_heads = a.H - h0 < kRows ? a.H - h0 : kRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+
+  if (k_begin >= k_end) {  // a split past this query's keys (only when splits > 1)
+    if (threadIdx.x < n_heads) {
+      float* ml = partial_ml(a, splits, t, split, h0 + threadIdx.x);
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  {  // Q: all loads of a batch in flight before any conversion (the loop is latency bound otherwise)
+    constexpr int kIters = kRows * DP / 4 / kThreads, kBatch = kIters % 16 == 0 ? 16 : 4;
+#pragma unroll
+    for (int b = 0; b < kIters; b += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+        v[i] = r < n_heads && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.H + h0 + r) * a.Dh + d)))
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+        store4<kSplit>(q_s + r * LD + d, q_s + kRows * LD + r * LD + d, v[i]);
+      }
+    }
+  }
+  if (threadIdx.x < kRows) {
+    row_m[threadIdx.x] = -INFINITY;
+    row_l[threadIdx.x] = 0.0f;
+  }
+
+  float o[4][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][nt][e] = 0.0f;
+
+  for (int64_t kt0 = k_begin; kt0 < k_end; kt0 += kKeys) {
+    const int nk = k_end - kt0 < kKeys ? int(k_end - kt0) : kKeys;
+    if (warp == 0) key_s[lane] = lane < nk ? key_ptr(a, ks, t, kt0 + lane) : nullptr;
+    __syncthreads();
+    {  // K tile: batched loads as for Q
+      constexpr int kIters = kKeys * DP / 4 / kThreads, kBatch = kIters % 8 == 0 ? 8 : 2;
+#pragma unroll
+      for (int b = 0; b < kIters; b += kBatch) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+          const float* kp = key_s[r];
+          v[i] = kp != nullptr && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(kp + d))
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+          store4<kSplit>(k_s + r * LD + d, k_s + kKeys * LD + r * LD + d, v[i]);
+        }
+      }
+    }
+    __syncthreads();
+
+    {  // S = Q K^T * scale: warp = heads [16 mi, +16) x keys [16 nj, +16)
+      const int mi = warp & 3, nj = warp >> 2;
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 4
+      for (int k0 = 0; k0 < DP; k0 += 16) {
+        uint32_t ah[4];
+        load_a_frag(ah, q_s, LD, 16 * mi, k0, lane);
+        uint32_t al[4];
+        if (kSplit) load_a_frag(al, q_s + kRows * LD, LD, 16 * mi, k0, lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t b0, b1;
+          load_b_frag_nk(b0, b1, k_s, LD, 16 * nj + 8 * j, k0, lane);
+          mma_bf16_16816(acc[j], ah, b0, b1);
+          if (kSplit) {
+            mma_bf16_16816(acc[j], al, b0, b1);
+            load_b_frag_nk(b0, b1, k_s + kKeys * LD, LD, 16 * nj + 8 * j, k0, lane);
+            mma_bf16_16816(acc[j], ah, b0, b1);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 16 * mi + g + (e >= 2 ? 8 : 0), col = 16 * nj + 8 * j + 2 * c + (e & 1);
+          s_s[row * kSLd + col] = col < nk ? acc[j][e] * a.scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+
+    // Online softmax: warp = 8 head rows, lane = key.
+#pragma unroll
+    for (int rr = 0; rr < kRows / 8; ++rr) {
+      const int r = (kRows / 8) * warp + rr;
+      const float s = s_s[r * kSLd + lane];
+      const float m_old = row_m[r];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float p = expf(s - m_new);
+      const float sum = warp_sum(p);
+      uint16_t ph, pl;
+      split_bf16(p, ph, pl);
+      p_s[r * kPLd + lane] = ph;
+      if (kSplit) p_s[kRows * kPLd + r * kPLd + lane] = pl;
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);
+        row_m[r] = m_new;
+        row_l[r] = row_l[r] * corr + sum;
+        row_c[r] = corr;
+      }
+    }
+    __syncthreads();
+
+    // O = O * corr + P K: warp = all 64 heads x channels [8 NT warp, +8 NT).
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {
+      const float c_lo = row_c[16 * mi + g], c_hi = row_c[16 * mi + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        o[mi][nt][0] *= c_lo, o[mi][nt][1] *= c_lo;
+        o[mi][nt][2] *= c_hi, o[mi][nt][3] *= c_hi;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys; kk += 16) {
+      uint32_t pa[4][4], pl[4][4];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) {
+        load_a_frag(pa[mi], p_s, kPLd, 16 * mi, kk, lane);
+        if (kSplit) load_a_frag(pl[mi], p_s + kRows * kPLd, kPLd, 16 * mi, kk, lane);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int col = warp * NT * 8 + nt * 8;
+        uint32_t b0, b1;
+        ldmatrix_x2_trans(b0, b1, k_s + (kk + (lane & 15)) * LD + col);
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi) {
+          mma_bf16_16816(o[mi][nt], pa[mi], b0, b1);
+          if (kSplit) mma_bf16_16816(o[mi][nt], pl[mi], b0, b1);
+        }
+        if (kSplit) {
+          ldmatrix_x2_trans(b0, b1, k_s + kKeys * LD + (kk + (lane & 15)) * LD + col);
+#pragma unroll
+          for (int mi = 0; mi < 4; ++mi) mma_bf16_16816(o[mi][nt], pa[mi], b0, b1);
+        }
+      }
+    }
+    __syncthreads();  // the next tile rewrites key_s, k_s, s_s and p_s
+  }
+
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 16 * mi + g + 8 * half;
+      if (r >= n_heads) continue;
+      const int h = h0 + r;
+      float f = 1.0f;
+      float* dst;
+      if (splits == 1) {
+        const float sink = a.sinks[h], m = row_m[r];
+        const float big = fmaxf(m, sink);
+        const float e = expf(m - big);
+        f = e / (row_l[r] * e + expf(sink - big));
+        dst = a.out + (t * a.H + h) * a.Dh;
+      } else {
+        dst = partial_o(a, splits, t, split, h);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int d = warp * NT * 8 + nt * 8 + 2 * c;
+        if (d < a.Dh) *reinterpret_cast<float2*>(dst + d) = make_float2(o[mi][nt][2 * half] * f, o[mi][nt][2 * half + 1] * f);
+      }
+    }
+  if (splits > 1 && threadIdx.x < n_heads) {
+    float* ml = partial_ml(a, splits, t, split, h0 + threadIdx.x);
+    ml[0] = row_m[threadIdx.x];
+    ml[1] = row_l[threadIdx.x];
+  }
+}
+
+// out[t, h] = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)).
+// Block per (query, head): the split weights are computed once into shared
+// memory; each thread then owns 4 channels and sums the splits with several
+// loads in flight (the merge is latency bound, not bandwidth bound).
+__global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(AttentionArgs a, int splits) {
+  __shared__ float wt[kMaxSplits];
+  __shared__ float s_inv;
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  if (t >= a.step->T) return;
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {  // warp 0: splits lane, lane + 32
+    const float sink = a.sinks[h];
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = lane + 32 * i;
+      const float* ml = s < splits ? partial_ml(a, splits, t, s, h) : nullptr;
+      m[i] = ml != nullptr ? ml[0] : -INFINITY;
+      l[i] = ml != nullptr ? ml[1] : 0.0f;
+      if (!(l[i] > 0.0f)) m[i] = -INFINITY;  // an empty split (its O was never written)
+    }
+    const float big = fmaxf(sink, warp_max(fmaxf(m[0], m[1])));
+    float den = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float e = l[i] > 0.0f ? expf(m[i] - big) : 0.0f;
+      if (lane + 32 * i < kMaxSplits) wt[lane + 32 * i] = e;
+      den += l[i] * e;
+    }
+    den = warp_sum(den) + expf(sink - big);
+    if (lane == 0) s_inv = 1.0f / den;
+  }
+  __syncthreads();
+  const float inv = s_inv;
+  constexpr int kUnroll = 8;
+  for (int d = 4 * threadIdx.x; d < a.Dh; d += 4 * kMergeThreads) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < splits; s0 += kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i)
+        v[i] = s0 + i < splits && wt[s0 + i] != 0.0f
+                   ? *reinterpret_cast<const float4*>(partial_o(a, splits, t, s0 + i, h) + d)
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        const float w = s0 + i < splits ? wt[s0 + i] : 0.0f;
+        acc.x = fmaf(v[i].x, w, acc.x), acc.y = fmaf(v[i].y, w, acc.y);
+        acc.z = fmaf(v[i].z, w, acc.z), acc.w = fmaf(v[i].w, w, acc.w);
+      }
+    }
+    *reinterpret_cast<float4*>(a.out + (t * a.H + h) * a.Dh + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      v = 132;
+    return v;
+  }();
+  return n;
+}
+
+struct SplitPlan {
+  int splits = 1;
+  int keys_per_split = 0;
+};
+
+// Splits keys only when queries x head groups leave SMs idle; never depends
+// on the position, so a captured step keeps its grid.
+SplitPlan plan_splits(const AttentionArgs& a) {
+  const int64_t max_comp = a.mode == AttnEntries::kVisible ? a.entry_capacity
+                           : a.mode == AttnEntries::kSelected ? a.sel_ld
+                                                              : 0;
+  const int64_t tiles = (a.W + max_comp + kKeys - 1) / kKeys;
+  const int64_t groups = (a.H + kRows - 1) / kRows;
+  const int64_t base = std::max<int64_t>(1, a.T * groups);
+  int64_t splits = std::min<int64_t>({tiles, (2 * sm_count() + base - 1) / base, kMaxSplits});
+  const int64_t per_split_floats = a.T * a.H * (int64_t(a.Dh) + 2);
+  if (a.scratch == nullptr || per_split_floats == 0) splits = 1;
+  else splits = std::min<int64_t>(splits, a.scratch_floats / per_split_floats);
+  SplitPlan p;
+  if (splits <= 1) {
+    p.keys_per_split = int(std::min<int64_t>(tiles * kKeys, INT32_MAX / 2));
+    return p;
+  }
+  const int64_t tiles_per = (tiles + splits - 1) / splits;
+  p.splits = int((tiles + tiles_per - 1) / tiles_per);
+  p.keys_per_split = int(tiles_per * kKeys);
+  return p;
+}
+
+template <int NT, bool kSplit>
+Status launch(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream) {
+  using L = Layout<NT, kSplit>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      attention_mma_sm90<NT, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
+  AFF_CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(unsigned(p.splits), unsigned(a.T), unsigned((a.H + kRows - 1) / kRows));
+  attention_mma_sm90<NT, kSplit><<<grid, kThreads, L::bytes, stream>>>(a, p.splits, p.keys_per_split);
+  return launch_status("attention_mma_sm90");
+}
+
+template <bool kSplit>
+Status launch_nt(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream) {
+  switch ((a.Dh + 63) / 64) {
+    case 1: return launch<1, kSplit>(a, p, stream);
+    case 2: return launch<2, kSplit>(a, p, stream);
+    case 3: return launch<3, kSplit>(a, p, stream);
+    case 4: return launch<4, kSplit>(a, p, stream);
+    default: return launch<8, kSplit>(a, p, stream);
+  }
+}
+
+}  // namespace
+
+int attention_splits(const AttentionArgs& a) { return plan_splits(a).splits; }
+
+Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.T == 0) return Status::ok();
+  if (a.step == nullptr) return internal_error("attention: no step info");
+  if (a.Dh <= 0 || a.Dh > kMaxDh || a.Dh % 8 != 0)
+    return unsupported("attention: head_dim must be a multiple of 8 and at most 512 on the GPU");
+  if (a.H <= 0 || a.W <= 0) return internal_error("attention: no heads or no window");
+  if (a.T > 65535) return internal_error("attention: too many queries in one launch");
+  if (a.mode == AttnEntries::kVisible && (a.entries == nullptr || a.ratio <= 0))
+    return internal_error("attention: compressed entries missing");
+  if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
+    return internal_error("attention: selected entries missing");
+  const SplitPlan p = plan_splits(a);
+  AFF_RETURN_IF_ERROR(a.precision == MmaPrecision::kBf16x3 ? launch_nt<true>(a, p, stream)
+                                                           : launch_nt<false>(a, p, stream));
+  if (p.splits == 1) return Status::ok();
+  attention_merge_f32_sm90<<<dim3(unsigned(a.T), unsigned(a.H)), kMergeThreads, 0, stream>>>(a, p.splits);
+  return launch_status("attention_merge_f32_sm90");
+}
+
+}  // namespace aff::cuda

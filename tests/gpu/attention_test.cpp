@@ -1,0 +1,228 @@
+// The tensor-core attention core (kernels/attention) and indexer scores
+// (kernels/indexer) against a double-precision reference of the same math,
+// on odd shapes with fresh random data: decode with and without key splits,
+// no / one / 513 compressed keys, a window that is not full yet, prefill
+// chunks that straddle the ring and the chunk, head counts that are not a
+// multiple of 16 or exceed one block's 64, and head_dim 64 / 192 / 512.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check/op_check.h"
+#include "backend/cuda/kernels/attention/attention.h"
+#include "backend/cuda/kernels/indexer/indexer.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "gpu_test_util.h"
+
+namespace aff::cuda {
+namespace {
+
+// hi + lo bf16 operands keep ~16 mantissa bits per product (see mma_bf16.cuh):
+// errors of a few 1e-6 relative, well inside the op checker's f32 1e-4.
+constexpr double kTolBf16x3 = 2e-5;
+// One rounding of q, k and the probabilities to bf16 (2^-9 relative each);
+// outputs are weighted means of keys, so the relative RMS stays near 3e-3.
+constexpr double kTolBf16 = 1e-2;
+
+uint64_t fresh_seed() { return std::random_device{}(); }
+
+std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+struct AttnCase {
+  std::string name;
+  int H, Dh, W;
+  int64_t T, pos0;
+  AttnEntries mode;
+  int ratio = 4;
+  int64_t capacity = 0;  // compressed entry rows
+  int sel_ld = 0;
+  int sel_max = 0;       // kSelected: counts drawn in [0, sel_max] (last query gets sel_max)
+  bool scratch = true;   // allow key splits
+  MmaPrecision precision = MmaPrecision::kBf16x3;
+};
+
+void run_attention_case(const AttnCase& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(c.name);
+  const int64_t T = c.T, H = c.H, Dh = c.Dh, W = c.W;
+  // Sharp-ish scores (|q.k| * scale up to a few units) so the softmax is not flat.
+  std::vector<float> q = randn(size_t(T * H * Dh), rng, 2.0f), kv = randn(size_t(T * Dh), rng),
+                     ring = randn(size_t(W * Dh), rng), entries = randn(size_t(std::max<int64_t>(1, c.capacity) * Dh), rng),
+                     sinks = randn(size_t(H), rng);
+  std::vector<int32_t> sel(size_t(std::max<int64_t>(1, T * c.sel_ld))), count(size_t(T), 0);
+  if (c.mode == AttnEntries::kSelected) {
+    std::uniform_int_distribution<int> cnt(0, c.sel_max);
+    std::uniform_int_distribution<int64_t> id(0, c.capacity - 1);
+    for (int64_t t = 0; t < T; ++t) {
+      count[size_t(t)] = t + 1 == T ? c.sel_max : cnt(rng);
+      for (int i = 0; i < count[size_t(t)]; ++i) sel[size_t(t * c.sel_ld + i)] = int32_t(id(rng));
+    }
+  }
+  const float scale = 1.0f / std::sqrt(float(Dh));
+
+  // Reference in double.
+  std::vector<float> want(size_t(T * H * Dh));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = c.pos0 + t, ws = std::max<int64_t>(0, pos - W + 1);
+    std::vector<const float*> keys;
+    for (int64_t p = ws; p <= pos; ++p)
+      keys.push_back(p >= c.pos0 ? kv.data() + (p - c.pos0) * Dh : ring.data() + (p % W) * Dh);
+    if (c.mode == AttnEntries::kVisible)
+      for (int64_t j = 0; j < std::min(c.capacity, (pos + 1) / c.ratio); ++j) keys.push_back(entries.data() + j * Dh);
+    if (c.mode == AttnEntries::kSelected)
+      for (int i = 0; i < count[size_t(t)]; ++i) keys.push_back(entries.data() + sel[size_t(t * c.sel_ld + i)] * Dh);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q.data() + (t * H + h) * Dh;
+      std::vector<double> s(keys.size());
+      double m = sinks[size_t(h)];
+      for (size_t i = 0; i < keys.size(); ++i) {
+        double d = 0.0;
+        for (int64_t x = 0; x < Dh; ++x) d += double(qh[x]) * keys[i][x];
+        s[i] = d * scale;
+        m = std::max(m, s[i]);
+      }
+      double den = std::exp(sinks[size_t(h)] - m);
+      std::vector<double> o(size_t(Dh), 0.0);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const double p = std::exp(s[i] - m);
+        den += p;
+        for (int64_t x = 0; x < Dh; ++x) o[size_t(x)] += p * keys[i][x];
+      }
+      for (int64_t x = 0; x < Dh; ++x) want[size_t((t * H + h) * Dh + x)] = float(o[size_t(x)] / den);
+    }
+  }
+
+  auto dq = upload_vector(q, "q"), dkv = upload_vector(kv, "kv"), dring = upload_vector(ring, "ring"),
+       dent = upload_vector(entries, "entries"), dsink = upload_vector(sinks, "sinks");
+  auto dsel = upload_vector(sel, "sel"), dcnt = upload_vector(count, "count");
+  auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{c.pos0, T}}, "step");
+  auto dout = DeviceBuffer::allocate(size_t(T * H * Dh) * 4, "out");
+  const int64_t scratch_floats = c.scratch ? T * H * (Dh + 2) * 64 : 0;
+  auto dscratch = DeviceBuffer::allocate(size_t(scratch_floats) * 4, "scratch");
+  ASSERT_TRUE(dq.is_ok() && dkv.is_ok() && dring.is_ok() && dent.is_ok() && dsink.is_ok() && dsel.is_ok() &&
+              dcnt.is_ok() && dstep.is_ok() && dout.is_ok() && dscratch.is_ok());
+  AttentionArgs a;
+  a.step = dstep->as<StepInfo>(), a.q = dq->as<float>(), a.kv = dkv->as<float>(), a.ring = dring->as<float>();
+  a.entries = dent->as<float>(), a.entry_capacity = c.capacity, a.ratio = c.ratio, a.mode = c.mode;
+  a.sel = dsel->as<int32_t>(), a.sel_count = dcnt->as<int32_t>(), a.sel_ld = c.sel_ld;
+  a.sinks = dsink->as<float>(), a.T = T, a.H = c.H, a.Dh = c.Dh, a.W = c.W, a.scale = scale;
+  a.precision = c.precision, a.out = dout->as<float>();
+  a.scratch = dscratch->as<float>(), a.scratch_floats = scratch_floats;
+  if (c.scratch && T == 1) {
+    EXPECT_GT(attention_splits(a), 1) << "a decode step with scratch should split its keys";
+  }
+  ASSERT_TRUE(attention_sparse(a, nullptr).is_ok());
+  auto got = download_vector(dout->as<float>(), want.size(), "out");
+  ASSERT_TRUE(got.is_ok());
+  const double err = rel_rms(got->data(), want.data(), want.size());
+  const double tol = c.precision == MmaPrecision::kBf16x3 ? kTolBf16x3 : kTolBf16;
+  std::printf("[attention] %-34s splits %2d  rel rms %.2e (tol %.0e)\n", c.name.c_str(), attention_splits(a), err, tol);
+  EXPECT_LE(err, tol);
+}
+
+TEST(AttentionMma, DecodeMatchesReference) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<AttnCase> cases = {
+      {"decode hca, 0 entries, window 3/128", 64, 512, 128, 1, 2, AttnEntries::kVisible, 4, 40},
+      {"decode hca, 1 entry", 64, 512, 128, 1, 4, AttnEntries::kVisible, 4, 40},
+      {"decode hca, 37 entries, ring wrapped", 64, 512, 128, 1, 150, AttnEntries::kVisible, 4, 40},
+      {"decode csa, 513 selected", 64, 512, 128, 1, 1000, AttnEntries::kSelected, 4, 700, 600, 513},
+      {"decode csa, 0 selected", 64, 512, 128, 1, 1000, AttnEntries::kSelected, 4, 700, 600, 0},
+      {"decode swa, no splits", 64, 512, 128, 1, 300, AttnEntries::kNone, 4, 0, 0, 0, false},
+      {"decode swa, 70 heads, dh 64", 70, 64, 48, 1, 61, AttnEntries::kNone},
+      {"decode hca, 6 heads, dh 192", 6, 192, 32, 1, 97, AttnEntries::kVisible, 8, 20},
+  };
+  for (const AttnCase& c : cases) run_attention_case(c, rng);
+  AttnCase fast = cases[3];
+  fast.name = "decode csa 513, bf16", fast.precision = MmaPrecision::kBf16;
+  run_attention_case(fast, rng);
+}
+
+TEST(AttentionMma, PrefillMatchesReference) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<AttnCase> cases = {
+      {"prefill swa from 0", 64, 512, 128, 37, 0, AttnEntries::kNone},
+      {"prefill hca across ring+chunk", 64, 512, 128, 45, 203, AttnEntries::kVisible, 16, 30},
+      {"prefill csa, counts 0..70", 64, 512, 128, 23, 517, AttnEntries::kSelected, 4, 200, 80, 70},
+      {"prefill csa, 5 heads dh 128", 5, 128, 64, 19, 33, AttnEntries::kSelected, 4, 20, 6, 6, false},
+      {"prefill hca, 130 heads dh 64", 130, 64, 32, 11, 70, AttnEntries::kVisible, 8, 12},
+  };
+  for (const AttnCase& c : cases) run_attention_case(c, rng);
+  AttnCase fast = cases[1];
+  fast.name = "prefill hca, bf16", fast.precision = MmaPrecision::kBf16;
+  run_attention_case(fast, rng);
+}
+
+// Indexer scores: sum_h w[t,h] * w_scale * relu(q[t,h] . k[j]) for the visible j.
+void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd, int ratio, MmaPrecision prec,
+                      std::mt19937_64& rng) {
+  SCOPED_TRACE("T " + std::to_string(T) + " pos0 " + std::to_string(pos0) + " nh " + std::to_string(nh));
+  std::vector<float> q = randn(size_t(T * nh * hd), rng), w = randn(size_t(T * nh), rng),
+                     keys = randn(size_t(capacity * hd), rng);
+  const float w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
+  auto dq = upload_vector(q, "q"), dw = upload_vector(w, "w"), dk = upload_vector(keys, "keys");
+  auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{pos0, T}}, "step");
+  auto dsc = DeviceBuffer::allocate(size_t(T * capacity) * 4, "scores");
+  ASSERT_TRUE(dq.is_ok() && dw.is_ok() && dk.is_ok() && dstep.is_ok() && dsc.is_ok());
+  IndexerScoreArgs a;
+  a.step = dstep->as<StepInfo>(), a.q = dq->as<float>(), a.w = dw->as<float>(), a.w_scale = w_scale;
+  a.keys = dk->as<float>(), a.T = T, a.capacity = capacity, a.nh = nh, a.hd = hd, a.ratio = ratio;
+  a.precision = prec, a.scores = dsc->as<float>();
+  ASSERT_TRUE(indexer_scores(a, nullptr).is_ok());
+  auto got = download_vector(dsc->as<float>(), size_t(T * capacity), "scores");
+  ASSERT_TRUE(got.is_ok());
+  // Scores are sums of signed head terms that can cancel: the error is taken
+  // relative to the sum of the terms' magnitudes, which bounds the rounding.
+  double err2 = 0.0, mag2 = 0.0;
+  size_t n_checked = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n_vis = std::min(capacity, (pos0 + t + 1) / ratio);
+    for (int64_t j = 0; j < n_vis; ++j) {
+      double s = 0.0, mag = 0.0;
+      for (int h = 0; h < nh; ++h) {
+        double d = 0.0;
+        for (int x = 0; x < hd; ++x) d += double(q[size_t((t * nh + h) * hd + x)]) * keys[size_t(j * hd + x)];
+        const double term = std::max(d, 0.0) * w[size_t(t * nh + h)] * w_scale;
+        s += term;
+        mag += std::abs(term);
+      }
+      const double e = double((*got)[size_t(t * capacity + j)]) - s;
+      err2 += e * e, mag2 += mag * mag, ++n_checked;
+    }
+  }
+  ASSERT_GT(n_checked, 0u);
+  const double err = std::sqrt(err2 / std::max(mag2, 1e-300));
+  const double tol = prec == MmaPrecision::kBf16x3 ? kTolBf16x3 : kTolBf16;
+  std::printf("[indexer] T %3lld nh %2d capacity %5lld: rel rms %.2e (tol %.0e)\n", (long long)T, nh,
+              (long long)capacity, err, tol);
+  EXPECT_LE(err, tol);
+}
+
+TEST(IndexerScoresMma, MatchesReference) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  run_indexer_case(1, 1203, 333, 64, 128, 4, MmaPrecision::kBf16x3, rng);   // decode, capacity past visible
+  run_indexer_case(1, 3, 333, 64, 128, 4, MmaPrecision::kBf16x3, rng);      // decode, one entry visible
+  run_indexer_case(37, 500, 140, 64, 128, 4, MmaPrecision::kBf16x3, rng);   // prefill, visibility grows
+  run_indexer_case(19, 40, 30, 6, 128, 4, MmaPrecision::kBf16x3, rng);      // tiny head count
+  run_indexer_case(37, 500, 140, 64, 128, 4, MmaPrecision::kBf16, rng);
+}
+
+}  // namespace
+}  // namespace aff::cuda

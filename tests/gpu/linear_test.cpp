@@ -1,0 +1,167 @@
+// The prefill GEMM (kernels/gemm, cuBLAS on bf16-decoded weight tiles) against
+// the GEMV, which tests/gpu/kernels_test.cpp holds to the CPU reference at f32
+// rounding: every format it decodes, odd row ranges and strides, and the
+// linear() dispatch on both sides of the crossover.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check/op_check.h"
+#include "backend/cuda/kernels/gemm/gemm.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "core/dtype.h"
+#include "gpu_test_util.h"
+
+namespace aff::cuda {
+namespace {
+
+// W decodes to bf16 exactly (FP8, MXFP4, BF16); x as hi + lo bf16 keeps ~16
+// bits: a few 1e-6.
+constexpr double kTolBf16x3 = 2e-5;
+// x rounded once to bf16 (2^-9 relative per element), averaged over `in`
+// products: relative RMS ~1.5e-3 on random data.
+constexpr double kTolBf16 = 1e-2;
+
+struct RandomWeight {
+  std::vector<DeviceBuffer> keep;
+  DeviceLinear w;
+};
+
+RandomWeight make_weight(DevFormat f, int64_t out, int64_t in, std::mt19937_64& rng) {
+  RandomWeight r;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), e8(122, 130);
+  auto up = [&](const auto& v) {
+    auto b = upload_vector(v, "weight");
+    EXPECT_TRUE(b.is_ok());
+    r.keep.push_back(std::move(*b));
+    return r.keep.back().template as<uint8_t>();
+  };
+  r.w.format = f, r.w.out = out, r.w.in = in;
+  switch (f) {
+    case DevFormat::kF32: {
+      std::vector<float> v(size_t(out * in));
+      for (float& x : v) x = nd(rng);
+      r.w.weight = up(v);
+      break;
+    }
+    case DevFormat::kBF16:
+    case DevFormat::kF16: {
+      std::vector<uint16_t> v(size_t(out * in));
+      for (uint16_t& x : v) x = f == DevFormat::kBF16 ? f32_to_bf16(nd(rng)) : f32_to_f16(nd(rng));
+      r.w.weight = up(v);
+      break;
+    }
+    case DevFormat::kFP8Block: {
+      std::vector<uint8_t> v(size_t(out * in));
+      for (uint8_t& x : v) x = f32_to_e4m3(nd(rng) * 50.0f);
+      r.w.block = 128;
+      r.w.scale_cols = (in + 127) / 128;
+      std::vector<uint8_t> s(size_t((out + 127) / 128 * r.w.scale_cols));
+      for (uint8_t& x : s) x = uint8_t(e8(rng));
+      r.w.weight = up(v), r.w.scale = up(s), r.w.scale_type = DevScale::kE8M0;
+      break;
+    }
+    case DevFormat::kMXFP4: {
+      std::vector<uint8_t> v(size_t(out * in / 2));
+      for (uint8_t& x : v) x = uint8_t(byte(rng));
+      r.w.scale_cols = in / 32;
+      std::vector<uint8_t> s(size_t(out * in / 32));
+      for (uint8_t& x : s) x = uint8_t(e8(rng));
+      r.w.weight = up(v), r.w.scale = up(s), r.w.scale_type = DevScale::kE8M0;
+      break;
+    }
+    default: break;
+  }
+  return r;
+}
+
+const char* name_of(DevFormat f) {
+  switch (f) {
+    case DevFormat::kF32: return "f32";
+    case DevFormat::kBF16: return "bf16";
+    case DevFormat::kF16: return "f16";
+    case DevFormat::kFP8Block: return "fp8";
+    case DevFormat::kMXFP4: return "mxfp4";
+    default: return "?";
+  }
+}
+
+TEST(PrefillGemm, MatchesGemvForEveryFormat) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int64_t out, in, T, row_begin, row_end, ldx_pad, ldy_pad;
+  };
+  for (DevFormat f : {DevFormat::kF32, DevFormat::kBF16, DevFormat::kF16, DevFormat::kFP8Block, DevFormat::kMXFP4}) {
+    for (const Shape& s : {Shape{300, 416, 67, 0, 300, 0, 0}, Shape{1031, 256, 129, 130, 1031, 32, 7},
+                           Shape{96, 4096, 70, 0, 96, 0, 0}}) {
+      if (f == DevFormat::kFP8Block && s.in % 16) continue;
+      RandomWeight rw = make_weight(f, s.out, s.in, rng);
+      const int64_t ldx = s.in + s.ldx_pad, rows = s.row_end - s.row_begin, ldy = rows + s.ldy_pad;
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> x(size_t(s.T * ldx));
+      for (float& v : x) v = nd(rng);
+      auto dx = upload_vector(x, "x");
+      auto want = DeviceBuffer::allocate(size_t(s.T * ldy) * 4, "want");
+      auto got = DeviceBuffer::allocate(size_t(s.T * ldy) * 4, "got");
+      ASSERT_TRUE(dx.is_ok() && want.is_ok() && got.is_ok());
+      ASSERT_TRUE(cudaMemset(want->data(), 0, want->bytes()) == cudaSuccess);
+      ASSERT_TRUE(cudaMemset(got->data(), 0, got->bytes()) == cudaSuccess);
+      ASSERT_TRUE(gemv_rows_f32(rw.w, s.row_begin, s.row_end, dx->as<float>(), ldx, s.T, want->as<float>(), ldy,
+                                nullptr).is_ok());
+      auto w_host = download_vector(want->as<float>(), size_t(s.T * ldy), "want");
+      ASSERT_TRUE(w_host.is_ok());
+      for (MmaPrecision p : {MmaPrecision::kBf16x3, MmaPrecision::kBf16}) {
+        if (!gemm_supports(rw.w, p)) {  // F32/F16 weights do not decode to bf16 exactly
+          EXPECT_FALSE(gemm_rows_bf16(rw.w, s.row_begin, s.row_end, dx->as<float>(), ldx, s.T, got->as<float>(), ldy, p, nullptr)
+                           .is_ok());
+          continue;
+        }
+        ASSERT_TRUE(gemm_rows_bf16(rw.w, s.row_begin, s.row_end, dx->as<float>(), ldx, s.T, got->as<float>(), ldy, p,
+                                   nullptr).is_ok());
+        auto g_host = download_vector(got->as<float>(), size_t(s.T * ldy), "got");
+        ASSERT_TRUE(g_host.is_ok());
+        const double err = rel_rms(g_host->data(), w_host->data(), g_host->size());
+        const double tol = p == MmaPrecision::kBf16x3 ? kTolBf16x3 : kTolBf16;
+        std::printf("[gemm] %-5s %5lld x %5lld rows [%lld, %lld) T %3lld %-6s rel rms %.2e (tol %.0e)\n", name_of(f),
+                    (long long)s.out, (long long)s.in, (long long)s.row_begin, (long long)s.row_end, (long long)s.T,
+                    p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", err, tol);
+        EXPECT_LE(err, tol) << name_of(f);
+      }
+    }
+  }
+}
+
+TEST(PrefillGemm, LinearDispatchesByTokenCount) {
+  AFF_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(7);
+  RandomWeight rw = make_weight(DevFormat::kFP8Block, 256, 384, rng);
+  EXPECT_FALSE(linear_uses_gemm(rw.w, 1));
+  EXPECT_FALSE(linear_uses_gemm(rw.w, kGemmMinTokens - 1));
+  EXPECT_TRUE(linear_uses_gemm(rw.w, kGemmMinTokens));
+  DeviceLinear ggml = rw.w;
+  ggml.format = DevFormat::kGgml;
+  EXPECT_FALSE(linear_uses_gemm(ggml, 4096)) << "formats without a bf16 decoder stay on the GEMV";
+  for (int64_t T : {int64_t(1), kGemmMinTokens + 3}) {
+    std::vector<float> x(size_t(T * 384), 0.5f);
+    auto dx = upload_vector(x, "x");
+    auto a = DeviceBuffer::allocate(size_t(T * 256) * 4, "a"), b = DeviceBuffer::allocate(size_t(T * 256) * 4, "b");
+    ASSERT_TRUE(dx.is_ok() && a.is_ok() && b.is_ok());
+    ASSERT_TRUE(linear(rw.w, dx->as<float>(), T, a->as<float>(), nullptr).is_ok());
+    ASSERT_TRUE(gemv_f32(rw.w, dx->as<float>(), T, b->as<float>(), nullptr).is_ok());
+    auto ha = download_vector(a->as<float>(), size_t(T * 256), "a");
+    auto hb = download_vector(b->as<float>(), size_t(T * 256), "b");
+    ASSERT_TRUE(ha.is_ok() && hb.is_ok());
+    EXPECT_LE(rel_rms(ha->data(), hb->data(), ha->size()), kTolBf16x3) << "T " << T;
+  }
+}
+
+}  // namespace
+}  // namespace aff::cuda
