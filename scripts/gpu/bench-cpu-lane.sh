@@ -9,7 +9,10 @@
 #
 # Environment: BUILD_DIR (default build-cpulane-bench), JOBS (default 16), THREADS
 # (default: all cores), MIB (weights per type, default 2048: well past any L3), OUT
-# (if set, the log is also written to $OUT/bench-cpu-lane.txt).
+# (if set, the log is also written to $OUT/bench-cpu-lane.txt), BIN_DIR (run prebuilt
+# test_cpu and aff-bench-cpu from there instead of building: a directory made by
+# scripts/gpu/bundle.sh, whose `run` wrapper supplies the libraries the host lacks),
+# COMMIT (the commit to print when the tree has no .git, e.g. with BIN_DIR).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -20,8 +23,17 @@ mib=${MIB:-2048}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DAFFINITY_CUDA=OFF >/dev/null
-cmake --build "$build" -j"$jobs" --target aff-bench-cpu test_cpu >/dev/null
+if [ -n "${BIN_DIR:-}" ]; then
+    bin_dir=$(cd "$BIN_DIR" && pwd)
+    run_bin() {
+        if [ -x "$bin_dir/run" ]; then "$bin_dir/run" "$@"; else "$bin_dir/$1" "${@:2}"; fi
+    }
+else
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DAFFINITY_CUDA=OFF >/dev/null
+    cmake --build "$build" -j"$jobs" --target aff-bench-cpu test_cpu >/dev/null
+    run_bin() { "$root/$build/bin/$1" "${@:2}"; }
+fi
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # One thread per core, packed, so the all-core stream and the kernels see the same
 # placement.
@@ -29,12 +41,12 @@ export OMP_PROC_BIND=${OMP_PROC_BIND:-close} OMP_PLACES=${OMP_PLACES:-cores}
 set +e
 {
     set -e
-    echo "== $(date -u +%FT%TZ)  commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "== $(date -u +%FT%TZ)  commit $commit"
     lscpu 2>/dev/null | grep -E '^(Model name|Socket|Core|Thread|CPU\(s\)|L2|L3|NUMA node\(s\))' || true
     echo "== test_cpu"
-    "$build/bin/test_cpu" --gtest_brief=1 2>&1 | tail -n 3
+    run_bin test_cpu --gtest_brief=1 2>&1 | tail -n 3
     echo "== aff-bench-cpu --threads $threads --mib $mib $*"
-    "$build/bin/aff-bench-cpu" --threads "$threads" --mib "$mib" "$@"
+    run_bin aff-bench-cpu --threads "$threads" --mib "$mib" "$@"
 } 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e

@@ -3,14 +3,16 @@
 // run (one core and all cores). The data set is many experts, sized to exceed the caches,
 // so every byte comes from DRAM as it will for non-resident experts.
 //   aff-bench-cpu [--types Q4_K,Q2_K,...] [--rows 2048] [--cols 4096] [--mib 1024]
-//                 [--threads N] [--disable avx512|vnni|avx2] [--reps 3] [--batch 4]
+//                 [--threads N] [--disable avx512|vnni|vbmi|avx2] [--reps 3] [--batch 4]
+//                 [--single 0|1]   (0: skip the one-thread columns)
 // Every ISA the CPU runs is timed; '*' marks the selector's pick, and the last line per
 // type says whether that pick was the fastest with its weights in L2 ("L2 Gw/s", one
 // thread: compute speed, which DRAM-bound runs hide). "gemm xN" streams the same
 // experts for N tokens at once (prefill, experts hit by several tokens): its GB/s are
 // weight bytes per second, its Gw/s count every token's multiply-adds. "rows split per
-// expert" is the engine's decode path (cpu::linear_fast_rows, one projection at a time
-// split over all threads).
+// expert" is the engine's former decode path (cpu::linear_fast_rows, one projection at
+// a time split over all threads); "moe layer, one region" is the current one
+// (cpu::moe_lane_experts: a layer's 7 experts, one token each, in one parallel region).
 #include <omp.h>
 
 #include <algorithm>
@@ -29,6 +31,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/linear_fast.h"
+#include "backend/cpu/moe_lane.h"
 #include "core/dtype.h"
 #include "quant/blocks.h"
 #include "quant/type_traits.h"
@@ -115,10 +118,11 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string types = "Q8_0,Q4_K,Q3_K,Q2_K,IQ4_XS,IQ2_XXS,MXFP4";
+  std::string types = "Q8_0,Q4_K,Q3_K,Q2_K,IQ4_XS,IQ2_XXS,MXFP4,IQ2_XS,IQ3_XXS,IQ1_S,IQ1_M";
   int64_t rows = 2048, cols = 4096, mib = 1024;
   int threads = omp_get_max_threads(), reps = 3;
   int64_t batch = 4;
+  bool single = true;  // also time one thread (the "1T" columns)
   std::string disable;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -131,10 +135,11 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && has) reps = std::atoi(argv[++i]);
     else if (a == "--batch" && has) batch = std::atoll(argv[++i]);
     else if (a == "--disable" && has) disable = argv[++i];
+    else if (a == "--single" && has) single = std::atoi(argv[++i]) != 0;
     else {
       std::fprintf(stderr,
                    "usage: aff-bench-cpu [--types Q4_K,...] [--rows N] [--cols N] [--mib N] [--threads N] "
-                   "[--reps N] [--batch N] [--disable avx512|vnni|avx2]\n");
+                   "[--reps N] [--batch N] [--disable avx512|vnni|vbmi|avx2] [--single 0|1]\n");
       return 2;
     }
   }
@@ -218,9 +223,12 @@ int main(int argc, char** argv) {
       return double(passes * hot_rows * cols) / best / 1e9;
     };
     const double gb = double(w.size()) / 1e9;
+    // t1 <= 0: the one-thread run was skipped (--single 0).
     auto report = [&](const std::string& label, double t1, double tn_s, int64_t n, double hot) {
-      std::printf("%-26s %6.3f %8lld %9.1f %6.0f%% %9.1f %6.0f%% %8.2f %8s\n", label.c_str(),
-                  aff::quant::ggml_bits_per_weight(*type), (long long)n_exp, gb / t1, 100 * gb / t1 / bw1, gb / tn_s,
+      const std::string one = t1 > 0 ? fmt::format("{:9.1f} {:6.0f}%", gb / t1, 100 * gb / t1 / bw1)
+                                     : fmt::format("{:>9} {:>7}", "-", "-");
+      std::printf("%-26s %6.3f %8lld %s %9.1f %6.0f%% %8.2f %8s\n", label.c_str(),
+                  aff::quant::ggml_bits_per_weight(*type), (long long)n_exp, one.c_str(), gb / tn_s,
                   100 * gb / tn_s / bwn, double(n_exp * rows * cols * n) / tn_s / 1e9,
                   hot > 0 ? fmt::format("{:.1f}", hot).c_str() : "");
     };
@@ -232,12 +240,13 @@ int main(int argc, char** argv) {
       if (!aff::cpu::isa_supported(k.isa, feats)) continue;
       if (k.isa == aff::cpu::Isa::kScalar && selected->isa != aff::cpu::Isa::kScalar) continue;
       const double hot = hot_gws(k);
-      const double t1 = run(k, 1, 1), tn_s = run(k, threads, 1);
+      const double t1 = single ? run(k, 1, 1) : 0.0, tn_s = run(k, threads, 1);
       report(std::string(k.name) + (k.name == selected->name ? " *" : ""), t1, tn_s, 1, hot);
       if (hot > best_hot) best_hot = hot, best = k.name;
     }
     if (batch > 1) {
-      report(fmt::format("  gemm x{} ({})", batch, aff::cpu::isa_name(selected->isa)), run(*selected, 1, batch),
+      report(fmt::format("  gemm x{} ({})", batch, aff::cpu::isa_name(selected->isa)),
+             single ? run(*selected, 1, batch) : 0.0,
              run(*selected, threads, batch), batch, 0);
     }
     // The engine's decode path: ref::linear -> cpu::linear_fast_rows for one token, one
@@ -273,7 +282,47 @@ int main(int argc, char** argv) {
         omp_set_dynamic(saved_dynamic);
         return best_s;
       };
-      report("  rows split per expert", run_split(1), run_split(threads), 1, 0);
+      report("  rows split per expert", single ? run_split(1) : 0.0, run_split(threads), 1, 0);
+      // The engine's decode path since the MoE lane (cpu::moe_lane_experts): a layer's
+      // 7 experts (6 routed + shared), one token each, in one parallel region. Three
+      // consecutive matrices make an expert: gate and up as stored, the third read as
+      // down [cols, rows] (the same bytes, rows of `rows` inputs).
+      const int64_t per_layer = 7, n_layers = n_exp / (3 * per_layer);
+      if (n_layers > 0 && (rows % aff::quant::ggml_traits(*type).block_elems) == 0) {
+        std::vector<aff::dsv4::ExpertWeights> ex(size_t(n_layers * per_layer));
+        for (size_t i = 0; i < ex.size(); ++i) {
+          ex[i].w1 = lins[3 * i];
+          ex[i].w3 = lins[3 * i + 1];
+          aff::dsv4::Linear down = lins[3 * i + 2];
+          down.out = cols;
+          down.in = rows;
+          down.weight.shape = {cols, *aff::quant::ggml_row_bytes(*type, rows)};
+          ex[i].w2 = down;
+        }
+        std::vector<float> yl(size_t(per_layer * cols));
+        auto run_moe = [&](int nt) {
+          const int saved = omp_get_max_threads(), saved_dynamic = omp_get_dynamic();
+          omp_set_num_threads(nt);
+          if (std::getenv("OMP_DYNAMIC") == nullptr) omp_set_dynamic(1);
+          double best_s = 1e30;
+          for (int r = 0; r < reps; ++r) {
+            const auto t0 = Clock::now();
+            for (int64_t l = 0; l < n_layers; ++l) {
+              aff::cpu::ExpertJob jobs[per_layer];
+              for (int64_t j = 0; j < per_layer; ++j) {
+                jobs[j] = {&ex[size_t(l * per_layer + j)], x.data(), 1, yl.data() + j * cols};
+              }
+              aff::cpu::moe_lane_experts(jobs, 10.0f);
+            }
+            best_s = std::min(best_s, seconds_since(t0));
+          }
+          omp_set_num_threads(saved);
+          omp_set_dynamic(saved_dynamic);
+          // Scaled to the whole data set so the GB/s columns count the bytes streamed.
+          return best_s * double(n_exp) / double(n_layers * per_layer * 3);
+        };
+        report("  moe layer, one region", single ? run_moe(1) : 0.0, run_moe(threads), 1, 0);
+      }
     }
     std::printf("  %s: selected %s%s\n", tn.c_str(), std::string(selected->name).c_str(),
                 best == selected->name ? " (fastest with weights in L2)"

@@ -4,6 +4,7 @@
 // an inline function the linker de-duplicates.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -49,22 +50,24 @@ namespace {
   return int(((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
 }
 
-// ggml's MXFP4 "half" E8M0 decode, 2^(e-128), as a table.
+// ggml's MXFP4 "half" E8M0 decode, 2^(e-128), as a table. The tables here are constexpr:
+// a static constructor would be compiled for each including TU's target (AVX-512 in
+// gemv_avx512.cpp) and would run at start-up on every CPU, before any dispatch.
 struct Mxfp4Scales {
-  float v[256];
-  Mxfp4Scales() {
+  float v[256] = {};
+  constexpr Mxfp4Scales() {
     for (int e = 0; e < 256; ++e) {
       const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
-      v[e] = f32_from_bits(bits);
+      v[e] = std::bit_cast<float>(bits);
     }
   }
 };
-[[maybe_unused]] const Mxfp4Scales kMxfp4Scales;
+[[maybe_unused]] constexpr Mxfp4Scales kMxfp4Scales{};
 
 // IQ2 sign index (7 bits, even parity implied) -> 8 bytes of +1/-1.
 struct Iq2SignBytes {
-  uint64_t v[128];
-  Iq2SignBytes() {
+  uint64_t v[128] = {};
+  constexpr Iq2SignBytes() {
     for (int i = 0; i < 128; ++i) {
       uint64_t x = 0;
       for (int j = 0; j < 8; ++j) {
@@ -75,7 +78,7 @@ struct Iq2SignBytes {
     }
   }
 };
-[[maybe_unused]] const Iq2SignBytes kIq2SignBytes;
+[[maybe_unused]] constexpr Iq2SignBytes kIq2SignBytes{};
 
 [[maybe_unused]] inline uint32_t load_u32(const void* p) {
   uint32_t v;
