@@ -27,10 +27,10 @@ TEST(Recipe, RolesOfDeepseek4Names) {
 TEST(Recipe, ExpertTypesPerRecipeAndTheQ2BitsPerWeight) {
   auto q2 = recipe_by_name("q2");
   ASSERT_TRUE(q2.is_ok());
-  EXPECT_EQ(q2->expert_gate_up, GgmlType::kQ2_K);
-  EXPECT_EQ(q2->expert_down, GgmlType::kQ3_K);
+  EXPECT_EQ(q2->expert_gate_up, GgmlType::kIQ2_XXS);
+  EXPECT_EQ(q2->expert_down, GgmlType::kQ2_K);
   const double bpw = (2 * ggml_bits_per_weight(q2->expert_gate_up) + ggml_bits_per_weight(q2->expert_down)) / 3;
-  EXPECT_NEAR(bpw, 2.9, 0.05);
+  EXPECT_NEAR(bpw, 2.25, 0.01);
   EXPECT_EQ(recipe_by_name("q4")->expert_down, GgmlType::kQ4_K);
   EXPECT_EQ(recipe_by_name("q8")->expert_gate_up, GgmlType::kQ8_0);
   EXPECT_EQ(recipe_by_name("mxfp4")->expert_gate_up, GgmlType::kMXFP4);
@@ -80,7 +80,7 @@ TEST(Recipe, RulesOverrideLastMatchWinsAndSmallTensorsStayF32) {
 TEST(Recipe, BlockSizeFallback) {
   const Recipe q2 = *recipe_by_name("q2");
   const TypeChoice a = choose_type(q2, {}, "blk.0.ffn_up_exps.weight", 160);  // 160 % 256 != 0, % 32 == 0
-  EXPECT_EQ(a.wanted, GgmlType::kQ2_K);
+  EXPECT_EQ(a.wanted, GgmlType::kIQ2_XXS);
   EXPECT_EQ(a.type, GgmlType::kQ8_0);
   EXPECT_TRUE(a.fell_back());
   const TypeChoice b = choose_type(q2, {}, "blk.0.attn_q_a.weight", 100);

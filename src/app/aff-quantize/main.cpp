@@ -31,7 +31,7 @@ struct Flag {
 constexpr Flag kFlags[] = {
     {"--src", "DIR", "HF checkpoint directory (config.json, safetensors, tokenizer.json)"},
     {"--out", "FILE", "output GGUF file (written as FILE.tmp, renamed when complete)"},
-    {"--recipe", "NAME", "q2 (experts Q2_K gate/up + Q3_K down, ~2.9 bpw), q4 (Q4_K), q8 (Q8_0), "
+    {"--recipe", "NAME", "q2 (experts IQ2_XXS gate/up + Q2_K down, ~2.25 bpw), q4 (Q4_K), q8 (Q8_0), "
                          "mxfp4 (lossless for FP4 experts); default q4"},
     {"--type", "PATTERN=TYPE", "override the type of tensors whose GGUF name matches the glob; repeatable, "
                                "last match wins (e.g. 'blk.*.ffn_down_exps.weight=Q4_K')"},

@@ -62,8 +62,8 @@ Result<Recipe> recipe_by_name(std::string_view name) {
   Recipe r;
   r.name = std::string(name);
   if (name == "q2") {
-    r.expert_gate_up = GgmlType::kQ2_K;
-    r.expert_down = GgmlType::kQ3_K;
+    r.expert_gate_up = GgmlType::kIQ2_XXS;
+    r.expert_down = GgmlType::kQ2_K;
   } else if (name == "q4") {
     r.expert_gate_up = r.expert_down = GgmlType::kQ4_K;
   } else if (name == "q8") {

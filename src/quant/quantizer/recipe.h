@@ -5,9 +5,9 @@
 // block-size fallback when the row length is not a multiple of the type's block.
 //
 // Recipes (experts | everything else):
-//   q2    gate/up Q2_K, down Q3_K      ≈ 2.90 bpw experts (IQ2_XXS needs a quantiser
-//                                       affinity does not have yet; Q2_K/Q3_K is the
-//                                       "or better" option at the same ~2.9 bpw target)
+//   q2    gate/up IQ2_XXS, down Q2_K   ≈ 2.25 bpw experts (the layout of the public
+//                                       V4-Flash q2 GGUFs; down keeps Q2_K because its
+//                                       error feeds the residual stream directly)
 //   q4    Q4_K                          4.5 bpw experts
 //   q8    Q8_0                          8.5 bpw experts
 //   mxfp4 MXFP4                         4.25 bpw, lossless for FP4 checkpoints
