@@ -15,8 +15,8 @@
 //     64-entry vpermb maps it to the magnitude;
 //   - the 7-bit sign indices become sign bytes through a 128-entry vpermi2b (the parity bit
 //     included), stored once per super-block and loaded back as one k-mask per step.
-// The other IQ formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) fetch their grid rows with
-// vpgatherdq/vpgatherdd (8 rows or 16 half-rows per step) and share the same step layout.
+// The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through iq_decode.h
+// in gemv_avx512.cpp instead (VNNI only, natural activation order).
 #include <cstdint>
 #include <cstring>
 
@@ -62,6 +62,14 @@ struct Iq2XxsTables {
   // Byte 4m <- bits 60.. of qword m/2: the group's 4-bit scale in the low bits of dword m.
   uint8_t scale_ctrl[64] = {};
   float scale_f[16] = {};     // 4-bit scale s -> 2s+1
+  // Two blocks at once (block s = 0, 1 of a pair):
+  // idx2: byte 32s+4g+k <- byte 8g+k of block s (its grid index of row (g, k));
+  uint8_t idx2_ctrl[64] = {};
+  // code2[s]: byte 8g+2k <- lo code byte 32s+4g+k, byte 8g+2k+1 <- the hi code byte;
+  uint8_t code2_ctrl[2][64] = {};
+  // sign2: byte 32s+8k+g <- byte 8g+k of block s's extracted sign indices, so qword
+  // 4s+k of the looked-up sign bytes is block s's step-k mask.
+  uint8_t sign2_ctrl[64] = {};
 
   constexpr Iq2XxsTables() {
     for (int i = 0; i < 256; ++i) {
@@ -81,6 +89,16 @@ struct Iq2XxsTables {
       }
       for (int j = 0; j < 8; ++j) {
         for (int k = 0; k < 4; ++k) shift_ctrl[k][8 * g + j] = uint8_t(16 * k + 2 * j);
+      }
+    }
+    for (int bs = 0; bs < 2; ++bs) {
+      for (int g = 0; g < 8; ++g) {
+        for (int k = 0; k < 4; ++k) {
+          idx2_ctrl[32 * bs + 4 * g + k] = uint8_t(64 * bs + 8 * g + k);
+          code2_ctrl[bs][8 * g + 2 * k] = uint8_t(32 * bs + 4 * g + k);
+          code2_ctrl[bs][8 * g + 2 * k + 1] = uint8_t(64 + 32 * bs + 4 * g + k);
+          sign2_ctrl[32 * bs + 8 * k + g] = uint8_t(64 * bs + 8 * g + k);
+        }
       }
     }
     for (int m = 0; m < 16; ++m) scale_ctrl[4 * m] = 60;
@@ -103,46 +121,72 @@ struct Iq2XxsDot {
   using Block = BlockIq2Xxs;
   using Act = ActQ8K;  // kQ8KT order
   static constexpr int64_t kElems = 256;
+
+  // One super-block's steps once its codes and sign masks are decoded:
+  //   code: qword g holds row (g, k)'s 16-bit code in word k;
+  //   neg: four 64-bit masks, neg[k] = step k's negative weights;
+  //   q: the block's 64 code bytes (for the scales).
+  // acc[t] += sum over the block of w * x_t, in the same order whatever the caller.
+  template <int N>
+  static void block_steps(const Block& w, __m512i q, __m512i code, __mmask64* neg, const Act* const* a,
+                          int64_t b, __m512* acc) {
+    const Iq2XxsTables& T = kIq2Xxs;
+    const __m512i mag = load64(T.mag);
+    // Lanes 2g, 2g+1: (2 s_g + 1) * d / 8, the group's scale (ggml: d * (0.5 + s) / 4).
+    const __m512 scale = _mm512_mul_ps(
+        _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(load64(T.scale_ctrl), q), _mm512_loadu_ps(T.scale_f)),
+        _mm512_set1_ps(f16(w.d) * 0.125f));
+    __m512i sumi[N];
+    for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i wv = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(T.shift_ctrl[k]), code), mag);
+      const __mmask64 nk = _load_mask64(&neg[k]);
+      for (int t = 0; t < N; ++t) {
+        const __m512i x = load64(a[t][b].qs + 64 * k);
+        // |sum| over four steps <= 4*4*43*127 < 2^31.
+        sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, _mm512_mask_sub_epi8(x, nk, _mm512_setzero_si512(), x));
+      }
+    }
+    for (int t = 0; t < N; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(a[t][b].d)), acc[t]);
+    }
+  }
+
   template <int N>
   static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
     const Iq2XxsTables& T = kIq2Xxs;
-    const __m512i idx_ctrl = load64(T.idx_ctrl);
     const __m512i sign_field_ctrl = load64(T.sign_field_ctrl);
-    const __m512i sign_t_ctrl = load64(T.sign_t_ctrl);
-    const __m512i scale_ctrl = load64(T.scale_ctrl);
-    const __m512i mag = load64(T.mag);
-    const __m512 scale_f = _mm512_loadu_ps(T.scale_f);
-    const __mmask64 odd = 0xaaaaaaaaaaaaaaaaull;
     __m512 acc[N];
     for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
+    int64_t b = 0;
+    // Two super-blocks per iteration: their 64 grid indices fill one register, so each
+    // code-table permute does 64 useful lookups instead of 32.
+    for (; b + 1 < nb; b += 2) {
+      const __m512i q0 = load64(w[b].qs), q1 = load64(w[b + 1].qs);
+      const __m512i idx = _mm512_permutex2var_epi8(q0, load64(T.idx2_ctrl), q1);
+      const __m512i lo = lookup256(idx, T.code_lo), hi = lookup256(idx, T.code_hi);
+      const __m512i code0 = _mm512_permutex2var_epi8(lo, load64(T.code2_ctrl[0]), hi);
+      const __m512i code1 = _mm512_permutex2var_epi8(lo, load64(T.code2_ctrl[1]), hi);
+      const __m512i fields = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(sign_field_ctrl, q0),
+                                                      load64(T.sign2_ctrl),
+                                                      _mm512_multishift_epi64_epi8(sign_field_ctrl, q1));
+      alignas(64) __mmask64 neg[8];
+      _mm512_store_si512(neg, _mm512_permutex2var_epi8(load64(T.signs), fields, load64(T.signs + 64)));
+      block_steps<N>(w[b], q0, code0, neg, a, b, acc);
+      block_steps<N>(w[b + 1], q1, code1, neg + 4, a, b + 1, acc);
+    }
+    if (b < nb) {
       // qword g of the 64 code bytes: four grid indices, then four 7-bit sign indices
       // and the 4-bit scale (bits 60..63) of group g.
       const __m512i q = load64(w[b].qs);
-      const __m512i idx = _mm512_permutexvar_epi8(idx_ctrl, q);
-      const __m512i code = _mm512_mask_blend_epi8(odd, lookup256(idx, T.code_lo), lookup256(idx, T.code_hi));
+      const __m512i idx = _mm512_permutexvar_epi8(load64(T.idx_ctrl), q);
+      const __m512i code = _mm512_mask_blend_epi8(__mmask64(0xaaaaaaaaaaaaaaaaull), lookup256(idx, T.code_lo),
+                                                  lookup256(idx, T.code_hi));
       const __m512i sign_idx = _mm512_multishift_epi64_epi8(sign_field_ctrl, q);
       const __m512i sign_bytes = _mm512_permutex2var_epi8(load64(T.signs), sign_idx, load64(T.signs + 64));
       alignas(64) __mmask64 neg[8];
-      _mm512_store_si512(neg, _mm512_permutexvar_epi8(sign_t_ctrl, sign_bytes));
-      // Lanes 2g, 2g+1: (2 s_g + 1) * d / 8, the group's scale (ggml: d * (0.5 + s) / 4).
-      const __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(scale_ctrl, q), scale_f),
-                                         _mm512_set1_ps(f16(w[b].d) * 0.125f));
-      __m512i sumi[N];
-      for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
-      for (int k = 0; k < 4; ++k) {
-        const __m512i wv =
-            _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(T.shift_ctrl[k]), code), mag);
-        const __mmask64 nk = _load_mask64(&neg[k]);
-        for (int t = 0; t < N; ++t) {
-          const __m512i x = load64(a[t][b].qs + 64 * k);
-          // |sum| over four steps <= 4*4*43*127 < 2^31.
-          sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, _mm512_mask_sub_epi8(x, nk, _mm512_setzero_si512(), x));
-        }
-      }
-      for (int t = 0; t < N; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(a[t][b].d)), acc[t]);
-      }
+      _mm512_store_si512(neg, _mm512_permutexvar_epi8(load64(T.sign_t_ctrl), sign_bytes));
+      block_steps<N>(w[b], q, code, neg, a, b, acc);
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
   }
