@@ -15,7 +15,8 @@ q=src/quant
 srcs=(fuzz/gguf_reader_fuzz.cpp src/format/gguf_reader.cpp src/format/gguf_value.cpp
       src/format/mapped_file.cpp src/core/dtype.cpp $q/codec.cpp $q/type_traits.cpp
       $q/scale_search.cpp $q/q8_0.cpp $q/mxfp4.cpp $q/k_quants.cpp $q/iq1.cpp $q/iq2.cpp
-      $q/iq3.cpp $q/iq4.cpp)
+      $q/iq3.cpp $q/iq4.cpp $q/quantizer/iq_grid_index.cpp $q/quantizer/iq_fit.cpp
+      $q/quantizer/iq1_quantize.cpp $q/quantizer/iq2_quantize.cpp $q/quantizer/iq3_quantize.cpp)
 "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Iinclude -Isrc "${srcs[@]}" -lfmt -o "$out/gguf_reader_fuzz"
