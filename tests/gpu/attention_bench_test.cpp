@@ -23,19 +23,29 @@ namespace aff::cuda {
 namespace {
 
 constexpr double kHbmBytesPerS = 4.45e12;
-constexpr double kBf16FlopsPerS = 800e12;
 constexpr int H = 64, Dh = 512, W = 128, kIdxHeads = 64, kIdxDim = 128, kTopk = 512;
 
-// Median microseconds of fn over reps (after a warm-up call).
+// All timed work runs on this stream (capturable, unlike the legacy stream).
+cudaStream_t bench_stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t x = nullptr;
+    cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking);
+    return x;
+  }();
+  return s;
+}
+
+// Median microseconds of fn over reps (after a warm-up call), launched one by
+// one from the host: includes launch gaps.
 double time_us(const std::function<void()>& fn, int reps = 30) {
   fn();
   cudaEvent_t a, b;
   cudaEventCreate(&a), cudaEventCreate(&b);
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
+    cudaEventRecord(a, bench_stream());
     fn();
-    cudaEventRecord(b);
+    cudaEventRecord(b, bench_stream());
     cudaEventSynchronize(b);
     float t = 0;
     cudaEventElapsedTime(&t, a, b);
@@ -44,6 +54,26 @@ double time_us(const std::function<void()>& fn, int reps = 30) {
   cudaEventDestroy(a), cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return 1e3 * ms[ms.size() / 2];
+}
+
+// Microseconds per call of fn replayed from a CUDA graph of kPerGraph calls,
+// as the captured decode step runs it (median of graph replays).
+double graph_us(const std::function<void()>& fn) {
+  constexpr int kPerGraph = 20;
+  fn();
+  cudaStreamSynchronize(bench_stream());
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  cudaStreamBeginCapture(bench_stream(), cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < kPerGraph; ++i) fn();
+  if (cudaStreamEndCapture(bench_stream(), &g) != cudaSuccess || cudaGraphInstantiate(&e, g, 0) != cudaSuccess) {
+    ADD_FAILURE() << "capture failed";
+    return 0.0;
+  }
+  const double us = time_us([&] { cudaGraphLaunch(e, bench_stream()); }, 10) / kPerGraph;
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  return us;
 }
 
 DeviceBuffer random_buffer(size_t floats, std::mt19937_64& rng) {
@@ -94,12 +124,13 @@ TEST(AttentionBench, DISABLED_DecodeAndPrefill) {
         a.scale = 0.044f, a.precision = p, a.out = out.as<float>();
         a.scratch = scratch.as<float>(), a.scratch_floats = int64_t(scratch.bytes() / 4);
         const int64_t keys = W + (mode == AttnEntries::kSelected ? kTopk : mode == AttnEntries::kVisible ? ctx / 128 : 0);
-        const double us = time_us([&] { ASSERT_TRUE(attention_sparse(a, nullptr).is_ok()); });
+        const auto run = [&] { ASSERT_TRUE(attention_sparse(a, bench_stream()).is_ok()); };
+        const double us = time_us(run), gus = graph_us(run);
         const double bytes = double(keys * Dh * 4 + 2 * H * Dh * 4);
-        std::printf("[bench] attention decode ctx %5lld %-4s %-6s keys %4lld splits %2d: %7.2f us (%.0f%% of HBM floor %.2f us)\n",
+        std::printf("[bench] attention decode ctx %5lld %-4s %-6s keys %4lld splits %2d: eager %6.2f us, in a graph %6.2f us (HBM floor %.2f us)\n",
                     (long long)ctx, mode == AttnEntries::kSelected ? "csa" : mode == AttnEntries::kVisible ? "hca" : "swa",
-                    p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", (long long)keys, attention_splits(a), us,
-                    100.0 * bytes / kHbmBytesPerS * 1e6 / us, bytes / kHbmBytesPerS * 1e6);
+                    p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", (long long)keys, attention_splits(a), us, gus,
+                    bytes / kHbmBytesPerS * 1e6);
       }
       // Indexer: scores over every visible key, then top-512.
       DeviceBuffer iq = random_buffer(size_t(kIdxHeads * kIdxDim), rng), iw = random_buffer(kIdxHeads, rng),
@@ -112,12 +143,14 @@ TEST(AttentionBench, DISABLED_DecodeAndPrefill) {
       TopkArgs k;
       k.step = s.step, k.scores = s.scores, k.ld = cap, k.T = 1, k.ratio = 4, k.k = kTopk;
       k.sel = isel->as<int32_t>(), k.count = icnt->as<int32_t>();
-      const double us_s = time_us([&] { ASSERT_TRUE(indexer_scores(s, nullptr).is_ok()); });
-      const double us_k = time_us([&] { ASSERT_TRUE(indexer_topk(k, nullptr).is_ok()); });
+      const auto run_s = [&] { ASSERT_TRUE(indexer_scores(s, bench_stream()).is_ok()); };
+      const auto run_k = [&] { ASSERT_TRUE(indexer_topk(k, bench_stream()).is_ok()); };
+      const double us_s = time_us(run_s), us_k = time_us(run_k), g_s = graph_us(run_s), g_k = graph_us(run_k);
       const double bytes = double(ctx / 4) * kIdxDim * 4;
-      std::printf("[bench] indexer decode ctx %5lld %-6s scores %7.2f us (%.0f%% of HBM floor), top-%d %7.2f us\n",
-                  (long long)ctx, p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", us_s,
-                  100.0 * bytes / kHbmBytesPerS * 1e6 / us_s, kTopk, us_k);
+      std::printf("[bench] indexer decode ctx %5lld %-6s scores eager %6.2f / graph %6.2f us (HBM floor %.2f us), "
+                  "top-%d eager %6.2f / graph %6.2f us\n",
+                  (long long)ctx, p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", us_s, g_s, bytes / kHbmBytesPerS * 1e6,
+                  kTopk, us_k, g_k);
     }
   }
 
@@ -137,7 +170,7 @@ TEST(AttentionBench, DISABLED_DecodeAndPrefill) {
       a.sel = sel.as<int32_t>(), a.sel_count = cnt->as<int32_t>(), a.sel_ld = kTopk;
       a.T = T, a.H = H, a.Dh = Dh, a.W = W, a.scale = 0.044f, a.precision = p, a.out = out.as<float>();
       const int64_t keys = W + (mode == AttnEntries::kSelected ? kTopk : 0);
-      const double us = time_us([&] { ASSERT_TRUE(attention_sparse(a, nullptr).is_ok()); }, 5);
+      const double us = time_us([&] { ASSERT_TRUE(attention_sparse(a, bench_stream()).is_ok()); }, 5);
       const double flops = 4.0 * double(T) * H * Dh * keys;  // QK^T and PV
       std::printf("[bench] attention prefill T %lld %-4s %-6s keys/query %lld: %8.1f us, %.0f TFLOP/s (%.0f%% of 800)\n",
                   (long long)T, mode == AttnEntries::kSelected ? "csa" : "swa",
@@ -154,8 +187,8 @@ TEST(AttentionBench, DISABLED_DecodeAndPrefill) {
     TopkArgs k;
     k.step = s.step, k.scores = s.scores, k.ld = cap, k.T = T, k.ratio = 4, k.k = kTopk;
     k.sel = isel->as<int32_t>(), k.count = icnt->as<int32_t>();
-    const double us_s = time_us([&] { ASSERT_TRUE(indexer_scores(s, nullptr).is_ok()); }, 5);
-    const double us_k = time_us([&] { ASSERT_TRUE(indexer_topk(k, nullptr).is_ok()); }, 5);
+    const double us_s = time_us([&] { ASSERT_TRUE(indexer_scores(s, bench_stream()).is_ok()); }, 5);
+    const double us_k = time_us([&] { ASSERT_TRUE(indexer_topk(k, bench_stream()).is_ok()); }, 5);
     // Visible pairs: query t sees (pos0 + t + 1) / 4 keys.
     const double pairs = double(T) * (double(pos0 + 1) / 4 + double(T) / 8);
     const double flops = 2.0 * pairs * kIdxHeads * kIdxDim;
@@ -187,19 +220,19 @@ TEST(GemmBench, DISABLED_CrossoverAndPrefill) {
   for (const DeviceLinear* w : {&fp8, &mx}) {
     const char* name = w == &fp8 ? "fp8" : "mxfp4";
     for (int64_t T : {8, 16, 32, 48, 64, 96, 128, 256}) {
-      const double g = time_us([&] { ASSERT_TRUE(gemv_f32(*w, x.as<float>(), T, y.as<float>(), nullptr).is_ok()); }, 10);
+      const double g = time_us([&] { ASSERT_TRUE(gemv_f32(*w, x.as<float>(), T, y.as<float>(), bench_stream()).is_ok()); }, 10);
       const double m3 = time_us([&] {
-        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, T, y.as<float>(), out, MmaPrecision::kBf16x3, nullptr).is_ok());
+        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, T, y.as<float>(), out, MmaPrecision::kBf16x3, bench_stream()).is_ok());
       }, 10);
       const double m1 = time_us([&] {
-        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, T, y.as<float>(), out, MmaPrecision::kBf16, nullptr).is_ok());
+        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, T, y.as<float>(), out, MmaPrecision::kBf16, bench_stream()).is_ok());
       }, 10);
       std::printf("[bench] linear %-5s 4096x4096 T %4lld: gemv %8.1f us, gemm bf16x3 %8.1f us, gemm bf16 %8.1f us\n", name,
                   (long long)T, g, m3, m1);
     }
     for (MmaPrecision p : {MmaPrecision::kBf16x3, MmaPrecision::kBf16}) {
       const double us = time_us([&] {
-        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, Tmax, y.as<float>(), out, p, nullptr).is_ok());
+        ASSERT_TRUE(gemm_rows_bf16(*w, 0, out, x.as<float>(), in, Tmax, y.as<float>(), out, p, bench_stream()).is_ok());
       }, 5);
       const double flops = 2.0 * Tmax * out * in * (p == MmaPrecision::kBf16x3 ? 2 : 1);
       std::printf("[bench] gemm %-5s 4096x4096 T %lld %-6s: %8.1f us, %.0f TFLOP/s executed (%.0f%% of 800)\n", name,

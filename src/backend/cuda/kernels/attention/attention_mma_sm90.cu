@@ -23,7 +23,7 @@ namespace aff::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRows = 64;  // heads per block: the MMA M dimension
+constexpr int kFewQueries = 16;  // up to this many queries (decode), blocks take 16 heads, else 64
 constexpr int kKeys = 32;  // keys per tile
 constexpr int kPad = 8;    // bf16 row padding: consecutive rows start 4 banks apart
 constexpr int kSLd = kKeys + 1;
@@ -32,20 +32,26 @@ constexpr int kMaxDh = 512;
 constexpr int kMergeThreads = 128;
 constexpr int64_t kMaxSplits = 64;  // the merge reads every split's partials
 
-// Shared-memory layout for head_dim padded to 64 * NT; kParts = 2 holds hi and lo.
-template <int NT, bool kSplit>
+// Shared-memory layout for head_dim padded to 64 * NT and 16 * MT head rows;
+// kParts = 2 holds hi and lo; KS score buffers (partial sums over halves of
+// the head dim when one m-tile leaves warps to spare).
+template <int NT, bool kSplit, int MT>
 struct Layout {
   static constexpr int DP = 64 * NT;
   static constexpr int LD = DP + kPad;
+  static constexpr int R = 16 * MT;
+  static constexpr int KS = MT == 1 ? 2 : 1;
   static constexpr int kParts = kSplit ? 2 : 1;
-  static constexpr size_t q = 0;                                         // u16 [parts][kRows][LD]
-  static constexpr size_t k = q + size_t(kParts) * kRows * LD * 2;       // u16 [parts][kKeys][LD]
-  static constexpr size_t s = k + size_t(kParts) * kKeys * LD * 2;       // f32 [kRows][kSLd]
-  static constexpr size_t p = s + size_t(kRows) * kSLd * 4;              // u16 [parts][kRows][kPLd]
-  static constexpr size_t rows = p + size_t(kParts) * kRows * kPLd * 2;  // f32 m, l, corr [kRows] each
-  static constexpr size_t keys = rows + 3 * kRows * 4;                   // const float* [kKeys]
-  static constexpr size_t bytes = keys + kKeys * sizeof(const float*);
+  static constexpr size_t q = 0;                                        // u16 [parts][R][LD]
+  static constexpr size_t k = q + size_t(kParts) * R * LD * 2;          // u16 [parts][kKeys][LD]
+  static constexpr size_t s = k + size_t(kParts) * kKeys * LD * 2;      // f32 [KS][R][kSLd]
+  static constexpr size_t p = s + size_t(KS) * R * kSLd * 4;  // u16 [parts][R][kPLd]
+  static constexpr size_t rows = p + size_t(kParts) * R * kPLd * 2;     // f32 m, l, corr [R] each
+  static constexpr size_t keys = rows + 3 * R * 4;                      // const float* [2][kKeys]
+  static constexpr size_t bytes = keys + 2 * kKeys * sizeof(const float*);
 };
+
+__host__ __device__ constexpr int batch_of(int n) { return n % 16 == 0 ? 16 : n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
 
 // The keys of query t: window positions [win_start, pos], then compressed ones.
 struct KeySet {
@@ -102,10 +108,10 @@ __device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits,
   return a.scratch + a.T * splits * a.H * a.Dh + ((t * splits + s) * a.H + h) * 2;
 }
 
-template <int NT, bool kSplit>
+template <int NT, bool kSplit, int MT>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
-  using L = Layout<NT, kSplit>;
-  constexpr int DP = L::DP, LD = L::LD;
+  using L = Layout<NT, kSplit, MT>;
+  constexpr int DP = L::DP, LD = L::LD, kRows = L::R, KS = L::KS;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
   uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
   }
 
   {  // Q: all loads of a batch in flight before any conversion (the loop is latency bound otherwise)
-    constexpr int kIters = kRows * DP / 4 / kThreads, kBatch = kIters % 16 == 0 ? 16 : 4;
+    constexpr int kIters = kRows * DP / 4 / kThreads, kBatch = batch_of(kIters);
 #pragma unroll
     for (int b = 0; b < kIters; b += kBatch) {
       float4 v[kBatch];
@@ -160,66 +166,82 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
     row_l[threadIdx.x] = 0.0f;
   }
 
-  float o[4][NT][4];
+  float o[MT][NT][4];
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mi][nt][e] = 0.0f;
 
-  for (int64_t kt0 = k_begin; kt0 < k_end; kt0 += kKeys) {
-    const int nk = k_end - kt0 < kKeys ? int(k_end - kt0) : kKeys;
-    if (warp == 0) key_s[lane] = lane < nk ? key_ptr(a, ks, t, kt0 + lane) : nullptr;
-    __syncthreads();
-    {  // K tile: batched loads as for Q
-      constexpr int kIters = kKeys * DP / 4 / kThreads, kBatch = kIters % 8 == 0 ? 8 : 2;
-#pragma unroll
-      for (int b = 0; b < kIters; b += kBatch) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
-          const float* kp = key_s[r];
-          v[i] = kp != nullptr && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(kp + d))
-                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
-          store4<kSplit>(k_s + r * LD + d, k_s + kKeys * LD + r * LD + d, v[i]);
-        }
-      }
+  // Key tiles are software-pipelined: tile i+1's f32 values are loaded into
+  // registers while tile i is multiplied, so global latency overlaps the MMAs.
+  constexpr int kKIters = kKeys * DP / 4 / kThreads;
+  float4 kreg[kKIters];
+  auto tile_ptrs = [&](int64_t kt0, const float** dst) {
+    if (warp == 0) {
+      const int64_t i = kt0 + lane;
+      dst[lane] = i < k_end ? key_ptr(a, ks, t, i) : nullptr;
     }
-    __syncthreads();
+  };
+  auto load_tile = [&](const float* const* ptrs) {
+#pragma unroll
+    for (int i = 0; i < kKIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+      const float* kp = ptrs[r];
+      kreg[i] = kp != nullptr && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(kp + d))
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  tile_ptrs(k_begin, key_s);
+  __syncthreads();
+  load_tile(key_s);
 
-    {  // S = Q K^T * scale: warp = heads [16 mi, +16) x keys [16 nj, +16)
-      const int mi = warp & 3, nj = warp >> 2;
-      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  int buf = 0;
+  for (int64_t kt0 = k_begin; kt0 < k_end; kt0 += kKeys, buf ^= 1) {
+    const int nk = k_end - kt0 < kKeys ? int(k_end - kt0) : kKeys;
+#pragma unroll
+    for (int i = 0; i < kKIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
+      store4<kSplit>(k_s + r * LD + d, k_s + kKeys * LD + r * LD + d, kreg[i]);
+    }
+    const bool more = kt0 + kKeys < k_end;
+    if (more) tile_ptrs(kt0 + kKeys, key_s + (buf ^ 1) * kKeys);
+    __syncthreads();
+    if (more) load_tile(key_s + (buf ^ 1) * kKeys);
+
+    {  // S = Q K^T * scale: warp = one m-tile x kNt key n-tiles over 1/KS of the head dim
+      constexpr int kNt = 4 * MT * KS / 8;
+      const int mi = warp % MT, slot = warp / MT;
+      const int kp = KS == 2 ? slot / 4 : 0, nt0 = KS == 2 ? slot % 4 : slot * kNt;
+      float acc[kNt][4];
+#pragma unroll
+      for (int j = 0; j < kNt; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll 4
-      for (int k0 = 0; k0 < DP; k0 += 16) {
+      for (int k0 = kp * (DP / KS); k0 < (kp + 1) * (DP / KS); k0 += 16) {
         uint32_t ah[4];
         load_a_frag(ah, q_s, LD, 16 * mi, k0, lane);
         uint32_t al[4];
         if (kSplit) load_a_frag(al, q_s + kRows * LD, LD, 16 * mi, k0, lane);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < kNt; ++j) {
           uint32_t b0, b1;
-          load_b_frag_nk(b0, b1, k_s, LD, 16 * nj + 8 * j, k0, lane);
+          load_b_frag_nk(b0, b1, k_s, LD, 8 * (nt0 + j), k0, lane);
           mma_bf16_16816(acc[j], ah, b0, b1);
           if (kSplit) {
             mma_bf16_16816(acc[j], al, b0, b1);
-            load_b_frag_nk(b0, b1, k_s + kKeys * LD, LD, 16 * nj + 8 * j, k0, lane);
+            load_b_frag_nk(b0, b1, k_s + kKeys * LD, LD, 8 * (nt0 + j), k0, lane);
             mma_bf16_16816(acc[j], ah, b0, b1);
           }
         }
       }
+      float* s_part = s_s + kp * kRows * kSLd;
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kNt; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int row = 16 * mi + g + (e >= 2 ? 8 : 0), col = 16 * nj + 8 * j + 2 * c + (e & 1);
-          s_s[row * kSLd + col] = col < nk ? acc[j][e] * a.scale : -INFINITY;
+          const int row = 16 * mi + g + (e >= 2 ? 8 : 0), col = 8 * (nt0 + j) + 2 * c + (e & 1);
+          s_part[row * kSLd + col] = col < nk ? acc[j][e] * a.scale : -INFINITY;
         }
     }
     __syncthreads();
@@ -228,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
 #pragma unroll
     for (int rr = 0; rr < kRows / 8; ++rr) {
       const int r = (kRows / 8) * warp + rr;
-      const float s = s_s[r * kSLd + lane];
+      const float s = KS == 2 ? s_s[r * kSLd + lane] + s_s[(kRows + r) * kSLd + lane] : s_s[r * kSLd + lane];
       const float m_old = row_m[r];
       const float m_new = fmaxf(m_old, warp_max(s));
       const float p = expf(s - m_new);
@@ -246,9 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
     }
     __syncthreads();
 
-    // O = O * corr + P K: warp = all 64 heads x channels [8 NT warp, +8 NT).
+    // O = O * corr + P K: warp = all head rows x channels [8 NT warp, +8 NT).
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
+    for (int mi = 0; mi < MT; ++mi) {
       const float c_lo = row_c[16 * mi + g], c_hi = row_c[16 * mi + g + 8];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -258,9 +280,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys; kk += 16) {
-      uint32_t pa[4][4], pl[4][4];
+      uint32_t pa[MT][4], pl[MT][4];
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
+      for (int mi = 0; mi < MT; ++mi) {
         load_a_frag(pa[mi], p_s, kPLd, 16 * mi, kk, lane);
         if (kSplit) load_a_frag(pl[mi], p_s + kRows * kPLd, kPLd, 16 * mi, kk, lane);
       }
@@ -270,14 +292,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
         uint32_t b0, b1;
         ldmatrix_x2_trans(b0, b1, k_s + (kk + (lane & 15)) * LD + col);
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi) {
+        for (int mi = 0; mi < MT; ++mi) {
           mma_bf16_16816(o[mi][nt], pa[mi], b0, b1);
           if (kSplit) mma_bf16_16816(o[mi][nt], pl[mi], b0, b1);
         }
         if (kSplit) {
           ldmatrix_x2_trans(b0, b1, k_s + kKeys * LD + (kk + (lane & 15)) * LD + col);
 #pragma unroll
-          for (int mi = 0; mi < 4; ++mi) mma_bf16_16816(o[mi][nt], pa[mi], b0, b1);
+          for (int mi = 0; mi < MT; ++mi) mma_bf16_16816(o[mi][nt], pa[mi], b0, b1);
         }
       }
     }
@@ -285,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
   }
 
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 16 * mi + g + 8 * half;
@@ -393,7 +415,8 @@ SplitPlan plan_splits(const AttentionArgs& a) {
                            : a.mode == AttnEntries::kSelected ? a.sel_ld
                                                               : 0;
   const int64_t tiles = (a.W + max_comp + kKeys - 1) / kKeys;
-  const int64_t groups = (a.H + kRows - 1) / kRows;
+  const int64_t rows = a.T <= kFewQueries ? 16 : 64;
+  const int64_t groups = (a.H + rows - 1) / rows;
   const int64_t base = std::max<int64_t>(1, a.T * groups);
   int64_t splits = std::min<int64_t>({tiles, (2 * sm_count() + base - 1) / base, kMaxSplits});
   const int64_t per_split_floats = a.T * a.H * (int64_t(a.Dh) + 2);
@@ -410,25 +433,45 @@ SplitPlan plan_splits(const AttentionArgs& a) {
   return p;
 }
 
-template <int NT, bool kSplit>
+template <int NT, bool kSplit, int MT>
+cudaError_t allow_smem() {
+  return cudaFuncSetAttribute(attention_mma_sm90<NT, kSplit, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(Layout<NT, kSplit, MT>::bytes));
+}
+
+template <bool kSplit, int MT>
+cudaError_t allow_smem_all_nt() {
+  for (cudaError_t e : {allow_smem<1, kSplit, MT>(), allow_smem<2, kSplit, MT>(), allow_smem<3, kSplit, MT>(),
+                        allow_smem<4, kSplit, MT>(), allow_smem<8, kSplit, MT>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+// Every variant's shared-memory limit is raised on the first call (an eager
+// prefill), never inside a captured decode step.
+cudaError_t allow_smem_all() {
+  for (cudaError_t e : {allow_smem_all_nt<true, 1>(), allow_smem_all_nt<true, 4>(), allow_smem_all_nt<false, 1>(),
+                        allow_smem_all_nt<false, 4>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+template <int NT, bool kSplit, int MT>
 Status launch(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream) {
-  using L = Layout<NT, kSplit>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      attention_mma_sm90<NT, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
-  AFF_CUDA_RETURN_IF_ERROR(attr);
-  const dim3 grid(unsigned(p.splits), unsigned(a.T), unsigned((a.H + kRows - 1) / kRows));
-  attention_mma_sm90<NT, kSplit><<<grid, kThreads, L::bytes, stream>>>(a, p.splits, p.keys_per_split);
+  using L = Layout<NT, kSplit, MT>;
+  const dim3 grid(unsigned(p.splits), unsigned(a.T), unsigned((a.H + L::R - 1) / L::R));
+  attention_mma_sm90<NT, kSplit, MT><<<grid, kThreads, L::bytes, stream>>>(a, p.splits, p.keys_per_split);
   return launch_status("attention_mma_sm90");
 }
 
-template <bool kSplit>
+template <bool kSplit, int MT>
 Status launch_nt(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream) {
   switch ((a.Dh + 63) / 64) {
-    case 1: return launch<1, kSplit>(a, p, stream);
-    case 2: return launch<2, kSplit>(a, p, stream);
-    case 3: return launch<3, kSplit>(a, p, stream);
-    case 4: return launch<4, kSplit>(a, p, stream);
-    default: return launch<8, kSplit>(a, p, stream);
+    case 1: return launch<1, kSplit, MT>(a, p, stream);
+    case 2: return launch<2, kSplit, MT>(a, p, stream);
+    case 3: return launch<3, kSplit, MT>(a, p, stream);
+    case 4: return launch<4, kSplit, MT>(a, p, stream);
+    default: return launch<8, kSplit, MT>(a, p, stream);
   }
 }
 
@@ -447,9 +490,12 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
     return internal_error("attention: compressed entries missing");
   if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
     return internal_error("attention: selected entries missing");
+  static const cudaError_t smem_ok = allow_smem_all();
+  AFF_CUDA_RETURN_IF_ERROR(smem_ok);
   const SplitPlan p = plan_splits(a);
-  AFF_RETURN_IF_ERROR(a.precision == MmaPrecision::kBf16x3 ? launch_nt<true>(a, p, stream)
-                                                           : launch_nt<false>(a, p, stream));
+  const bool few = a.T <= kFewQueries, split = a.precision == MmaPrecision::kBf16x3;
+  AFF_RETURN_IF_ERROR(split ? (few ? launch_nt<true, 1>(a, p, stream) : launch_nt<true, 4>(a, p, stream))
+                            : (few ? launch_nt<false, 1>(a, p, stream) : launch_nt<false, 4>(a, p, stream)));
   if (p.splits == 1) return Status::ok();
   attention_merge_f32_sm90<<<dim3(unsigned(a.T), unsigned(a.H)), kMergeThreads, 0, stream>>>(a, p.splits);
   return launch_status("attention_merge_f32_sm90");

@@ -287,12 +287,33 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
   if (threadIdx.x == 0) a.count[t] = a.k;
 }
 
+// Every kernel's shared-memory limit is raised on the first call of either
+// entry (an eager prefill), never inside a captured decode step.
+cudaError_t allow_smem_all() {
+  const cudaError_t errs[] = {
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<true>::bytes)),
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<false>::bytes)),
+      cudaFuncSetAttribute(indexer_topk_f32_sm90<1024, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kMaxStagedBytes)),
+      cudaFuncSetAttribute(indexer_topk_f32_sm90<256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kMaxStagedBytes)),
+  };
+  for (cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+Status smem_ready() {
+  static const cudaError_t e = allow_smem_all();
+  return cuda_status(e, "indexer: shared memory limits");
+}
+
 template <bool kSplit>
 Status launch_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   using L = ScoreLayout<kSplit>;
-  static const cudaError_t attr = cudaFuncSetAttribute(indexer_scores_mma_sm90<kSplit>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
-  AFF_CUDA_RETURN_IF_ERROR(attr);
+  AFF_RETURN_IF_ERROR(smem_ready());
   const dim3 grid(unsigned((a.capacity + kKeyTile - 1) / kKeyTile), unsigned((a.T + kQueries - 1) / kQueries));
   indexer_scores_mma_sm90<kSplit><<<grid, kThreads, L::bytes, stream>>>(a);
   return launch_status("indexer_scores_mma_sm90");
@@ -315,9 +336,7 @@ namespace {
 template <int NT, bool kStaged>
 Status launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = kStaged ? size_t(a.ld) * 4 : 0;
-  static const cudaError_t attr = cudaFuncSetAttribute(indexer_topk_f32_sm90<NT, kStaged>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStagedBytes));
-  AFF_CUDA_RETURN_IF_ERROR(attr);
+  AFF_RETURN_IF_ERROR(smem_ready());
   indexer_topk_f32_sm90<NT, kStaged><<<unsigned(a.T), NT, smem, stream>>>(a);
   return launch_status("indexer_topk_f32_sm90");
 }
