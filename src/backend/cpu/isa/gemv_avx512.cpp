@@ -7,7 +7,6 @@
 
 #include "backend/cpu/act_quant.h"
 #include "backend/cpu/isa/gemv_isa.h"
-#include "backend/cpu/isa/iq_decode.h"
 #include "backend/cpu/isa/kernel_common.h"
 
 #if defined(__x86_64__)
@@ -437,65 +436,6 @@ struct Mxfp4Dot {
   }
 };
 
-// The codebook formats without a dedicated kernel (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M): each
-// super-block is decoded by scalar code (iq_decode.h) into signed bytes and per-16 scales,
-// then dotted like Q2_K: |q| unsigned against x with q's sign, four products < 2^15,
-// vpdpwssd against the scale.
-template <class B, void (*Decode)(const B&, DecodedIq&)>
-struct IqDecodedDot {
-  using Block = B;
-  using Act = ActQ8K;
-  static constexpr int64_t kElems = 256;
-  template <int N>
-  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
-    // Lane l of 64-input chunk c belongs to sub-block 4c + l/4.
-    __m512i lane_sub[4];
-    for (int c = 0; c < 4; ++c) {
-      alignas(64) int32_t idx[16];
-      for (int l = 0; l < 16; ++l) idx[l] = 4 * c + l / 4;
-      lane_sub[c] = _mm512_load_si512(idx);
-    }
-    __m512 acc[N];
-    for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
-    // Decoded one super-block ahead: the vector loads of a block then find its scalar
-    // stores already written back instead of stalling on a failed store-to-load forward.
-    DecodedIq ring[2];
-    Decode(w[0], ring[0]);
-    for (int64_t b = 0; b < nb; ++b) {
-      if (b + 1 < nb) Decode(w[b + 1], ring[(b + 1) & 1]);
-      const DecodedIq& dq = ring[b & 1];
-      // Scales are positive: (scale, 0) word pairs for vpdpwssd.
-      const __m512i sc32 = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dq.scale)));
-      __m512i sumi[N];
-      for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        const __m512i q = _mm512_load_si512(dq.q + 64 * c);
-        const __mmask64 neg = _mm512_movepi8_mask(q);
-        const __m512i qa = _mm512_abs_epi8(q);
-        const __m512i scv = _mm512_permutexvar_epi32(lane_sub[c], sc32);
-        for (int t = 0; t < N; ++t) {
-          const __m512i x = _mm512_loadu_si512(a[t][b].qs + 64 * c);
-          const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-          sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, xs), scv);
-        }
-      }
-      for (int t = 0; t < N; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dq.d * a[t][b].d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-      }
-    }
-    for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
-  }
-};
-
-void decode_iq2xs_blk(const quant::BlockIq2Xs& b, DecodedIq& o) { decode_iq2xs(b, f16, o); }
-void decode_iq3xxs_blk(const quant::BlockIq3Xxs& b, DecodedIq& o) { decode_iq3xxs(b, f16, o); }
-void decode_iq1s_blk(const quant::BlockIq1S& b, DecodedIq& o) { decode_iq1s(b, f16, o); }
-void decode_iq1m_blk(const quant::BlockIq1M& b, DecodedIq& o) { decode_iq1m(b, f16, o); }
-using Iq2XsDot = IqDecodedDot<quant::BlockIq2Xs, decode_iq2xs_blk>;
-using Iq3XxsDot = IqDecodedDot<quant::BlockIq3Xxs, decode_iq3xxs_blk>;
-using Iq1SDot = IqDecodedDot<quant::BlockIq1S, decode_iq1s_blk>;
-using Iq1MDot = IqDecodedDot<quant::BlockIq1M, decode_iq1m_blk>;
-
 }  // namespace
 
 AFF_AVX512_KERNELS(q8_0_q8_0, avx512, Q8_0Dot)
@@ -505,10 +445,6 @@ AFF_AVX512_KERNELS(iq2xxs_q8k, avx512, Iq2XxsDot)
 AFF_AVX512_KERNELS(mxfp4_q8_0, avx512, Mxfp4Dot)
 AFF_AVX512_KERNELS(q3k_q8k, avx512, Q3KDot)
 AFF_AVX512_KERNELS(iq4xs_q8k, avx512, Iq4XsDot)
-AFF_AVX512_KERNELS(iq2xs_q8k, avx512, Iq2XsDot)
-AFF_AVX512_KERNELS(iq3xxs_q8k, avx512, Iq3XxsDot)
-AFF_AVX512_KERNELS(iq1s_q8k, avx512, Iq1SDot)
-AFF_AVX512_KERNELS(iq1m_q8k, avx512, Iq1MDot)
 #undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa
@@ -526,10 +462,6 @@ AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q3k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq4xs_q8k_avx512)
-AFF_UNREACHABLE_GEMV(gemv_iq2xs_q8k_avx512)
-AFF_UNREACHABLE_GEMV(gemv_iq3xxs_q8k_avx512)
-AFF_UNREACHABLE_GEMV(gemv_iq1s_q8k_avx512)
-AFF_UNREACHABLE_GEMV(gemv_iq1m_q8k_avx512)
 #define AFF_UNREACHABLE_GEMM(name) \
   void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_q8_0_q8_0_avx512)
@@ -539,9 +471,5 @@ AFF_UNREACHABLE_GEMM(gemm_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_mxfp4_q8_0_avx512)
 AFF_UNREACHABLE_GEMM(gemm_q3k_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_iq4xs_q8k_avx512)
-AFF_UNREACHABLE_GEMM(gemm_iq2xs_q8k_avx512)
-AFF_UNREACHABLE_GEMM(gemm_iq3xxs_q8k_avx512)
-AFF_UNREACHABLE_GEMM(gemm_iq1s_q8k_avx512)
-AFF_UNREACHABLE_GEMM(gemm_iq1m_q8k_avx512)
 }  // namespace aff::cpu::isa
 #endif

@@ -1,11 +1,13 @@
 // Super-block decoders for the codebook formats IQ2_XS, IQ3_XXS, IQ1_S and IQ1_M into
 // signed int8 weights plus one small integer scale per 16 inputs, so that one SIMD dot
-// loop serves all four (AVX2 and AVX-512 alike):
+// loop serves all four:
 //   weight i of the super-block = d * scale[i / 16] * q[i].
 // Each format's deltas and half-steps are folded into integers: IQ2/IQ3 store
 // d * (0.5 + s) / 4 as (2s + 1) with d / 8 (d / 4 for IQ3); IQ1's grid value g in
 // {-1, 0, 1} shifted by ±1/8 becomes 8g ± 1 with d / 8. |q| <= 62 everywhere, so four
-// products with |x| <= 127 stay below 2^15 (the vpdpwssd / vpmaddwd scale trick).
+// products with |x| <= 127 stay below 2^15 (the vpmaddwd scale trick). The AVX2 kernels
+// use it; AVX-512 gathers the same rows in vector registers (gemv_iqgather_avx512.cpp),
+// reading the sign-mask and IQ1 row tables below.
 // Header-only and `static` like kernel_common.h: each ISA translation unit compiles its
 // own copy for its own target.
 #pragma once
