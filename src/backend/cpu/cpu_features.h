@@ -11,7 +11,8 @@ struct CpuFeatures {
   bool avx2 = false;        // AVX2 + FMA + F16C, with OS-saved YMM state
   bool avx512 = false;      // AVX-512 F/BW/VL (+BMI2), with OS-saved ZMM state
   bool avx512_vnni = false; // AVX-512 VNNI (vpdpbusd)
-  bool avx512_vbmi = false; // AVX-512 VBMI (vpermb, vpermi2b, vpmultishiftqb), with VNNI
+  bool avx512_vbmi = false; // AVX-512 VBMI (vpermb, vpermi2b, vpmultishiftqb) + BITALG
+                            // (vpshufbitqmb), with VNNI
   bool amx_int8 = false;    // AMX tiles with int8 (reported only; no AMX kernels yet)
 };
 

@@ -3,7 +3,7 @@
 // 32-input groups, so a group's scale sits in fixed lanes 2g, 2g+1 of every step and is
 // applied once per super-block in f32 instead of once per step).
 //
-// Needs AVX-512 VBMI besides VNNI: the grid rows are decoded with byte permutes
+// Needs AVX-512 VBMI and BITALG besides VNNI: the grid rows are decoded with byte permutes
 // (vpermb, vpermi2b) and per-byte bit-field extraction (vpmultishiftqb) instead of
 // scalar table loads and inserts, which on Intel cores all queue for one shuffle port.
 //
@@ -14,7 +14,7 @@
 //   - one vpmultishiftqb per step pulls each element's 2-bit code into its own byte and a
 //     64-entry vpermb maps it to the magnitude;
 //   - the 7-bit sign indices become sign bytes through a 128-entry vpermi2b (the parity bit
-//     included), stored once per super-block and loaded back as one k-mask per step.
+//     included), and each step's 64-bit mask comes from them by one vpshufbitqmb (BITALG).
 // The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through iq_decode.h
 // in gemv_avx512.cpp instead (VNNI only, natural activation order).
 #include <cstdint>
@@ -26,7 +26,7 @@
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,bmi2")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,bmi2")
 // GCC 12 flags the deliberately undefined upper halves inside its own intrinsics.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -57,8 +57,9 @@ struct Iq2XxsTables {
   uint8_t shift_ctrl[4][64] = {};
   // Byte 8g+k (k < 4) <- bits 32+7k.. of qword g: the 7-bit sign index of row (g, k).
   uint8_t sign_field_ctrl[64] = {};
-  // Byte 8k+g <- byte 8g+k: sign bytes regrouped so qword k is step k's 64-bit mask.
-  uint8_t sign_t_ctrl[64] = {};
+  // Step k of block s of a pair: byte 8g+j <- bit 8(4s+k)+j of qword g of the sign bytes
+  // (vpshufbitqmb), i.e. bit j of row (g, k)'s sign byte: the step's negative weights.
+  uint8_t bit_ctrl[2][4][64] = {};
   // Byte 4m <- bits 60.. of qword m/2: the group's 4-bit scale in the low bits of dword m.
   uint8_t scale_ctrl[64] = {};
   float scale_f[16] = {};     // 4-bit scale s -> 2s+1
@@ -67,8 +68,8 @@ struct Iq2XxsTables {
   uint8_t idx2_ctrl[64] = {};
   // code2[s]: byte 8g+2k <- lo code byte 32s+4g+k, byte 8g+2k+1 <- the hi code byte;
   uint8_t code2_ctrl[2][64] = {};
-  // sign2: byte 32s+8k+g <- byte 8g+k of block s's extracted sign indices, so qword
-  // 4s+k of the looked-up sign bytes is block s's step-k mask.
+  // sign2: byte 8g+4s+k <- byte 8g+k of block s's extracted sign indices, so qword g of
+  // the looked-up sign bytes holds rows (g, 0..3) of both blocks.
   uint8_t sign2_ctrl[64] = {};
 
   constexpr Iq2XxsTables() {
@@ -85,7 +86,9 @@ struct Iq2XxsTables {
       for (int k = 0; k < 4; ++k) {
         idx_ctrl[8 * g + 2 * k] = idx_ctrl[8 * g + 2 * k + 1] = uint8_t(8 * g + k);
         sign_field_ctrl[8 * g + k] = uint8_t(32 + 7 * k);
-        sign_t_ctrl[8 * k + g] = uint8_t(8 * g + k);
+        for (int bs = 0; bs < 2; ++bs) {
+          for (int j = 0; j < 8; ++j) bit_ctrl[bs][k][8 * g + j] = uint8_t(8 * (4 * bs + k) + j);
+        }
       }
       for (int j = 0; j < 8; ++j) {
         for (int k = 0; k < 4; ++k) shift_ctrl[k][8 * g + j] = uint8_t(16 * k + 2 * j);
@@ -97,7 +100,7 @@ struct Iq2XxsTables {
           idx2_ctrl[32 * bs + 4 * g + k] = uint8_t(64 * bs + 8 * g + k);
           code2_ctrl[bs][8 * g + 2 * k] = uint8_t(32 * bs + 4 * g + k);
           code2_ctrl[bs][8 * g + 2 * k + 1] = uint8_t(64 + 32 * bs + 4 * g + k);
-          sign2_ctrl[32 * bs + 8 * k + g] = uint8_t(64 * bs + 8 * g + k);
+          sign2_ctrl[8 * g + 4 * bs + k] = uint8_t(64 * bs + 8 * g + k);
         }
       }
     }
@@ -124,11 +127,13 @@ struct Iq2XxsDot {
 
   // One super-block's steps once its codes and sign masks are decoded:
   //   code: qword g holds row (g, k)'s 16-bit code in word k;
-  //   neg: four 64-bit masks, neg[k] = step k's negative weights;
+  //   signs: qword g holds the sign bytes of rows (g, 0..3) in bytes 4s .. 4s+3;
   //   q: the block's 64 code bytes (for the scales).
+  // The step masks come straight from the sign bytes by vpshufbitqmb: no store and
+  // reload, whose failed store-to-load forward would serialise the blocks.
   // acc[t] += sum over the block of w * x_t, in the same order whatever the caller.
   template <int N>
-  static void block_steps(const Block& w, __m512i q, __m512i code, __mmask64* neg, const Act* const* a,
+  static void block_steps(const Block& w, __m512i q, __m512i code, __m512i signs, int s, const Act* const* a,
                           int64_t b, __m512* acc) {
     const Iq2XxsTables& T = kIq2Xxs;
     const __m512i mag = load64(T.mag);
@@ -140,7 +145,7 @@ struct Iq2XxsDot {
     for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
     for (int k = 0; k < 4; ++k) {
       const __m512i wv = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(T.shift_ctrl[k]), code), mag);
-      const __mmask64 nk = _load_mask64(&neg[k]);
+      const __mmask64 nk = _mm512_bitshuffle_epi64_mask(signs, load64(T.bit_ctrl[s][k]));
       for (int t = 0; t < N; ++t) {
         const __m512i x = load64(a[t][b].qs + 64 * k);
         // |sum| over four steps <= 4*4*43*127 < 2^31.
@@ -170,10 +175,9 @@ struct Iq2XxsDot {
       const __m512i fields = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(sign_field_ctrl, q0),
                                                       load64(T.sign2_ctrl),
                                                       _mm512_multishift_epi64_epi8(sign_field_ctrl, q1));
-      alignas(64) __mmask64 neg[8];
-      _mm512_store_si512(neg, _mm512_permutex2var_epi8(load64(T.signs), fields, load64(T.signs + 64)));
-      block_steps<N>(w[b], q0, code0, neg, a, b, acc);
-      block_steps<N>(w[b + 1], q1, code1, neg + 4, a, b + 1, acc);
+      const __m512i signs = _mm512_permutex2var_epi8(load64(T.signs), fields, load64(T.signs + 64));
+      block_steps<N>(w[b], q0, code0, signs, 0, a, b, acc);
+      block_steps<N>(w[b + 1], q1, code1, signs, 1, a, b + 1, acc);
     }
     if (b < nb) {
       // qword g of the 64 code bytes: four grid indices, then four 7-bit sign indices
@@ -183,10 +187,8 @@ struct Iq2XxsDot {
       const __m512i code = _mm512_mask_blend_epi8(__mmask64(0xaaaaaaaaaaaaaaaaull), lookup256(idx, T.code_lo),
                                                   lookup256(idx, T.code_hi));
       const __m512i sign_idx = _mm512_multishift_epi64_epi8(sign_field_ctrl, q);
-      const __m512i sign_bytes = _mm512_permutex2var_epi8(load64(T.signs), sign_idx, load64(T.signs + 64));
-      alignas(64) __mmask64 neg[8];
-      _mm512_store_si512(neg, _mm512_permutexvar_epi8(load64(T.sign_t_ctrl), sign_bytes));
-      block_steps<N>(w[b], q, code, neg, a, b, acc);
+      const __m512i signs = _mm512_permutex2var_epi8(load64(T.signs), sign_idx, load64(T.signs + 64));
+      block_steps<N>(w[b], q, code, signs, 0, a, b, acc);
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
   }
