@@ -107,8 +107,10 @@ bool moe_lane_experts(std::span<const ExpertJob> jobs, float swiglu_limit) {
                    act_in.data() + plan[ji].act_in + t * act_bytes(k.act, D));
     }
     // 2. Gate and up rows, chunk by chunk; consecutive items are neighbouring rows of one
-    //    expert, so a thread's static share streams contiguous weights.
-#pragma omp for schedule(static)
+    //    expert. Guided: threads first take large contiguous runs (streaming contiguous
+    //    weights), then ever smaller ones, so the barrier does not wait for the slowest
+    //    thread's whole static share.
+#pragma omp for schedule(guided)
     for (int64_t it = 0; it < in_items.total(); ++it) {
       const auto [ji, c] = in_items.locate(it);
       const ExpertJob& j = jobs[ji];
@@ -145,7 +147,7 @@ bool moe_lane_experts(std::span<const ExpertJob> jobs, float swiglu_limit) {
                    act_mid.data() + plan[ji].act_mid + t * act_bytes(k2.act, I));
     }
     // 4. Down rows, chunk by chunk, straight into the job's output.
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int64_t it = 0; it < out_items.total(); ++it) {
       const auto [ji, c] = out_items.locate(it);
       const ExpertJob& j = jobs[ji];
