@@ -172,7 +172,10 @@ int main(int argc, char** argv) {
     const aff::cpu::ActFormat af = selected->act;
     const int64_t row_bytes = *aff::quant::ggml_row_bytes(*type, cols);
     const int64_t expert_bytes = rows * row_bytes;
-    const int64_t n_exp = std::max<int64_t>(2 * threads, (int64_t(mib) << 20) / expert_bytes);
+    // A multiple of the thread count, so the last round of whole experts keeps every
+    // thread busy (120 experts over 16 threads left the last round half idle).
+    const int64_t n_exp_min = std::max<int64_t>(2 * threads, (int64_t(mib) << 20) / expert_bytes);
+    const int64_t n_exp = (n_exp_min + threads - 1) / threads * threads;
     std::vector<uint8_t> w(size_t(n_exp * expert_bytes));
     fill_weights(*type, w.data(), w.size(), 11);
     // `batch` activations; a GEMV uses the first.
