@@ -14,6 +14,8 @@
 
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/gemm/gemm.h"
+#include "backend/cuda/kernels/gemm/moe_grouped.h"
+#include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/device_buffer.h"
@@ -240,6 +242,52 @@ TEST(GemmBench, DISABLED_CrossoverAndPrefill) {
                   100.0 * flops / us * 1e-6 / 800.0);
     }
   }
+}
+
+// Prefill experts at V4-Flash width (D 4096, inter 2048, MXFP4), 2048 tokens x
+// 6 pairs over 16 experts (768 tokens each): grouped GEMM vs per-pair GEMV.
+TEST(GemmBench, DISABLED_GroupedMoe) {
+  AFF_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(3);
+  const int E = 16, k = 6;
+  const int64_t D = 4096, F = 2048, T = 2048;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<DeviceBuffer> keep;
+  auto mx = [&](int64_t out, int64_t in) {
+    std::vector<uint8_t> w(size_t(out * in / 2)), s(size_t(out * in / 32), 120);
+    for (uint8_t& b : w) b = uint8_t(byte(rng));
+    auto dw = upload_vector(w, "w"), ds = upload_vector(s, "s");
+    EXPECT_TRUE(dw.is_ok() && ds.is_ok());
+    DeviceLinear l;
+    l.weight = dw->as<uint8_t>(), l.scale = ds->as<uint8_t>(), l.format = DevFormat::kMXFP4;
+    l.scale_type = DevScale::kE8M0, l.out = out, l.in = in, l.scale_cols = in / 32;
+    keep.push_back(std::move(*dw)), keep.push_back(std::move(*ds));
+    return l;
+  };
+  std::vector<ExpertSlot> slots(E);
+  for (ExpertSlot& s : slots) s.w1 = mx(F, D), s.w3 = mx(F, D), s.w2 = mx(D, F);
+  std::vector<int32_t> ids(size_t(T * k));
+  for (int64_t i = 0; i < T * k; ++i) ids[size_t(i)] = int32_t((i * 7 + i / k) % E);
+  auto dslots = upload_vector(slots, "slots");
+  auto dids = upload_vector(ids, "ids");
+  DeviceBuffer x = random_buffer(size_t(T * D), rng), y = random_buffer(size_t(T * k * D), rng),
+               act = random_buffer(size_t(T * k * F), rng);
+  ASSERT_TRUE(dslots.is_ok() && dids.is_ok());
+  const double flops = 2.0 * 3 * double(T * k) * D * F;
+  for (MmaPrecision p : {MmaPrecision::kBf16x3, MmaPrecision::kBf16}) {
+    GroupedMoeArgs g;
+    g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = T * k, g.pairs_per_token = k;
+    g.x = x.as<float>(), g.D = D, g.inter = F, g.swiglu_limit = 7.0f, g.y = y.as<float>();
+    const double us = time_us([&] { ASSERT_TRUE(moe_grouped_ffn(g, p, bench_stream()).is_ok()); }, 5);
+    std::printf("[bench] grouped moe mxfp4 T %lld k %d over %d experts %-6s: %8.1f us, %.0f TFLOP/s useful\n",
+                (long long)T, k, E, p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", us, flops / us * 1e-6);
+  }
+  ExpertFfnArgs e;
+  e.slots = dslots->as<ExpertSlot>(), e.format = DevFormat::kMXFP4, e.ids = dids->as<int32_t>(), e.n_pairs = T * k;
+  e.pairs_per_token = k, e.x = x.as<float>(), e.D = D, e.inter = F, e.swiglu_limit = 7.0f;
+  e.act = act.as<float>(), e.y = y.as<float>();
+  const double us = time_us([&] { ASSERT_TRUE(expert_ffn(e, bench_stream()).is_ok()); }, 2);
+  std::printf("[bench] per-pair expert_ffn (GEMV) same problem: %8.1f us, %.1f TFLOP/s\n", us, flops / us * 1e-6);
 }
 
 }  // namespace

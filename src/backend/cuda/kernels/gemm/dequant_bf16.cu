@@ -4,6 +4,7 @@
 // products have at most 4 significant bits). split_rows_bf16_sm90: f32
 // activations to bf16 hi (+ lo = the rounding remainder).
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/ggml_decode.cuh"
 #include "backend/cuda/kernels/gemm/gemm.h"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -98,6 +99,28 @@ __global__ void __launch_bounds__(kThreads) dequant_mxfp4_bf16_sm90(DeviceLinear
   for (int k = 0; k < 4; ++k) d[k] = make_uint4(packed[4 * k], packed[4 * k + 1], packed[4 * k + 2], packed[4 * k + 3]);
 }
 
+// ggml blocks: thread per 32-element chunk of a row, decoded as the GEMV does
+// (ggml_decode.cuh) and rounded to bf16 (not exact: ggml values are f16 scale
+// x small integers, so these formats take the GEMM only in kBf16).
+__global__ void __launch_bounds__(kThreads) dequant_ggml_bf16_sm90(DeviceLinear w, int64_t row_begin, int64_t n_rows,
+                                                                  uint16_t* dst) {
+  const int64_t per_row = w.in / 32;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n_rows * per_row) return;
+  const int64_t r = i / per_row, ch = i % per_row;
+  float v[32];
+  ggml_decode32(w, row_begin + r, ch, v);
+  uint4* d = reinterpret_cast<uint4*>(dst + r * w.in + ch * 32);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      q[j] = uint32_t(bf16_bits(v[8 * k + 2 * j])) | uint32_t(bf16_bits(v[8 * k + 2 * j + 1])) << 16;
+    d[k] = make_uint4(q[0], q[1], q[2], q[3]);
+  }
+}
+
 }  // namespace
 
 bool gemm_supports(const DeviceLinear& w, MmaPrecision precision) {
@@ -107,6 +130,7 @@ bool gemm_supports(const DeviceLinear& w, MmaPrecision precision) {
     case DevFormat::kBF16:
     case DevFormat::kFP8Block: return true;
     case DevFormat::kMXFP4: return w.in % 32 == 0;
+    case DevFormat::kGgml: return precision == MmaPrecision::kBf16 && w.in % 32 == 0 && w.tables != nullptr;
     default: return false;
   }
 }
@@ -125,6 +149,11 @@ Status dequant_rows_bf16(const DeviceLinear& w, int64_t row_begin, int64_t n_row
     const int64_t n = n_rows * (w.in / 32);
     dequant_mxfp4_bf16_sm90<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(w, row_begin, n_rows, dst);
     return launch_status("dequant_mxfp4_bf16_sm90");
+  }
+  if (w.format == DevFormat::kGgml) {
+    const int64_t n = n_rows * (w.in / 32);
+    dequant_ggml_bf16_sm90<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(w, row_begin, n_rows, dst);
+    return launch_status("dequant_ggml_bf16_sm90");
   }
   const int64_t n = n_rows * ((w.in + kPerThread - 1) / kPerThread);
   dequant_rows_bf16_sm90<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(w, row_begin, n_rows, dst);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "backend/cuda/kernels/gemm/gemm.h"
+#include "backend/cuda/kernels/gemm/gemm_context.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_buffer.h"
 
@@ -31,14 +32,6 @@ Status cublas_status(cublasStatus_t s, const char* what) {
                         cublasGetStatusString(s));
 }
 
-struct GemmContext {
-  cublasHandle_t handle = nullptr;
-  DeviceBuffer w_tile;     // bf16 [rows, in]
-  DeviceBuffer x_hi, x_lo; // bf16 [T, in]
-  DeviceBuffer workspace;  // cuBLAS workspace (no allocation inside cuBLAS calls)
-  std::mutex mu;           // one call at a time per stream
-};
-
 Status grow(DeviceBuffer& b, size_t bytes, const char* what) {
   if (b.bytes() >= bytes) return Status::ok();
   b = DeviceBuffer();  // free first: the old and new buffers need not coexist
@@ -46,7 +39,9 @@ Status grow(DeviceBuffer& b, size_t bytes, const char* what) {
   return Status::ok();
 }
 
-Result<GemmContext*> context_for(cudaStream_t stream) {
+}  // namespace
+
+Result<GemmContext*> gemm_context(cudaStream_t stream) {
   static std::mutex mu;
   static std::map<cudaStream_t, std::unique_ptr<GemmContext>> contexts;
   std::lock_guard<std::mutex> lock(mu);
@@ -58,13 +53,33 @@ Result<GemmContext*> context_for(cudaStream_t stream) {
     AFF_RETURN_IF_ERROR(grow(ctx->workspace, size_t(32) << 20, "cuBLAS workspace"));
     AFF_RETURN_IF_ERROR(cublas_status(cublasSetWorkspace(ctx->handle, ctx->workspace.data(), ctx->workspace.bytes()),
                                       "cublasSetWorkspace"));
-    AFF_RETURN_IF_ERROR(cublas_status(cublasSetMathMode(ctx->handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
     slot = std::move(ctx);
   }
   return slot.get();
 }
 
-}  // namespace
+Result<void*> gemm_scratch(GemmContext& ctx, GemmBuf which, size_t bytes) {
+  AFF_RETURN_IF_ERROR(grow(ctx.buf[size_t(which)], bytes, "gemm scratch"));
+  return ctx.buf[size_t(which)].data();
+}
+
+Status gemm_bf16_f32(GemmContext& ctx, int64_t n, int64_t T, int64_t K, const uint16_t* w, const uint16_t* x_hi,
+                     const uint16_t* x_lo, int64_t ldx, float* y, int64_t ldy) {
+  if (n <= 0 || T <= 0) return Status::ok();
+  if (n > INT32_MAX || T > INT32_MAX || K > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX)
+    return internal_error("gemm: shape exceeds cuBLAS int");
+  const float one = 1.0f, zero = 0.0f;
+  // cuBLAS is column-major: y^T [n, T] (ld ldy) = op_T(A) B with A = W seen as
+  // [K, n] column-major (ld K) and B = x^T, [K, T] column-major (ld ldx).
+  for (int pass = 0; pass < (x_lo ? 2 : 1); ++pass) {
+    AFF_RETURN_IF_ERROR(cublas_status(
+        cublasGemmEx(ctx.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(T), int(K), &one, w, CUDA_R_16BF, int(K),
+                     pass == 0 ? x_hi : x_lo, CUDA_R_16BF, int(ldx), pass == 0 ? &zero : &one, y, CUDA_R_32F,
+                     int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx"));
+  }
+  return Status::ok();
+}
 
 Status gemm_rows_bf16(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
                       int64_t T, float* y, int64_t ldy, MmaPrecision precision, cudaStream_t stream) {
@@ -75,35 +90,32 @@ Status gemm_rows_bf16(const DeviceLinear& w, int64_t row_begin, int64_t row_end,
   if (row_begin < 0 || row_end > w.out || ldx < w.in || ldy < rows)
     return internal_error("gemm: row range or strides out of bounds");
   if (w.in > INT32_MAX || T > INT32_MAX || ldy > INT32_MAX) return internal_error("gemm: shape exceeds cuBLAS int");
-  AFF_ASSIGN_OR_RETURN(GemmContext * ctx, context_for(stream));
+  AFF_ASSIGN_OR_RETURN(GemmContext * ctx, gemm_context(stream));
   std::lock_guard<std::mutex> lock(ctx->mu);
   const bool split = precision == MmaPrecision::kBf16x3;
   const int64_t tile_rows = std::min(rows, std::max<int64_t>(128, kTileElems / w.in / 128 * 128));
-  if (w.format != DevFormat::kBF16)
-    AFF_RETURN_IF_ERROR(grow(ctx->w_tile, size_t(tile_rows * w.in) * 2, "gemm weight tile"));
-  AFF_RETURN_IF_ERROR(grow(ctx->x_hi, size_t(T * w.in) * 2, "gemm activations"));
-  if (split) AFF_RETURN_IF_ERROR(grow(ctx->x_lo, size_t(T * w.in) * 2, "gemm activations"));
-  uint16_t* xh = ctx->x_hi.as<uint16_t>();
-  uint16_t* xl = split ? ctx->x_lo.as<uint16_t>() : nullptr;
-  AFF_RETURN_IF_ERROR(split_rows_bf16(x, ldx, T, w.in, xh, xl, stream));
-  const float one = 1.0f, zero = 0.0f;
+  uint16_t* tile = nullptr;
+  if (w.format != DevFormat::kBF16) {
+    AFF_ASSIGN_OR_RETURN(void* p, gemm_scratch(*ctx, kBufWTile, size_t(tile_rows * w.in) * 2));
+    tile = static_cast<uint16_t*>(p);
+  }
+  AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(T * w.in) * 2));
+  void* xl = nullptr;
+  if (split) {
+    AFF_ASSIGN_OR_RETURN(void* lo, gemm_scratch(*ctx, kBufXLo, size_t(T * w.in) * 2));
+    xl = lo;
+  }
+  AFF_RETURN_IF_ERROR(split_rows_bf16(x, ldx, T, w.in, static_cast<uint16_t*>(xh), static_cast<uint16_t*>(xl), stream));
   for (int64_t r0 = row_begin; r0 < row_end; r0 += tile_rows) {
     const int64_t n = std::min(tile_rows, row_end - r0);
     // BF16 weights are multiplied in place; the others are decoded into the tile.
     const uint16_t* wt = reinterpret_cast<const uint16_t*>(w.weight) + r0 * w.in;
-    if (w.format != DevFormat::kBF16) {
-      AFF_RETURN_IF_ERROR(dequant_rows_bf16(w, r0, n, ctx->w_tile.as<uint16_t>(), stream));
-      wt = ctx->w_tile.as<uint16_t>();
+    if (tile != nullptr) {
+      AFF_RETURN_IF_ERROR(dequant_rows_bf16(w, r0, n, tile, stream));
+      wt = tile;
     }
-    // cuBLAS is column-major: y^T [n, T] (ld ldy) = op_T(A) B with A = the tile seen as
-    // [in, n] column-major (ld in) and B = x^T, [in, T] column-major (ld in).
-    for (int pass = 0; pass < (split ? 2 : 1); ++pass) {
-      AFF_RETURN_IF_ERROR(cublas_status(
-          cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(T), int(w.in), &one, wt, CUDA_R_16BF,
-                       int(w.in), pass == 0 ? xh : xl, CUDA_R_16BF, int(w.in), pass == 0 ? &zero : &one,
-                       y + (r0 - row_begin), CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx"));
-    }
+    AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, n, T, w.in, wt, static_cast<const uint16_t*>(xh),
+                                      static_cast<const uint16_t*>(xl), w.in, y + (r0 - row_begin), ldy));
   }
   return Status::ok();
 }

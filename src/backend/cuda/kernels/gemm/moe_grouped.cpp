@@ -1,0 +1,104 @@
+// moe_grouped_ffn: counting sort of pairs by expert (counts read back once),
+// sorted bf16 inputs, then per active expert: decode w1 -> GEMM gate rows,
+// decode w3 -> GEMM up rows; one SwiGLU over all sorted rows; per expert:
+// decode w2 -> GEMM output rows; scatter back to pair order. Each expert's
+// weights are read once per chunk however many tokens chose it.
+#include "backend/cuda/kernels/gemm/moe_grouped.h"
+
+#include <vector>
+
+#include "backend/cuda/kernels/gemm/gemm.h"
+#include "backend/cuda/kernels/gemm/gemm_context.h"
+#include "backend/cuda/kernels/gemm/moe_grouped_kernels.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+
+bool moe_grouped_supports(std::span<const ExpertSlot> slots, MmaPrecision precision) {
+  for (const ExpertSlot& s : slots)
+    if (!gemm_supports(s.w1, precision) || !gemm_supports(s.w3, precision) || !gemm_supports(s.w2, precision))
+      return false;
+  return !slots.empty();
+}
+
+namespace {
+
+// W (one expert matrix) as bf16: in place for BF16, else decoded into tile.
+Result<const uint16_t*> weight_bf16(const DeviceLinear& w, uint16_t* tile, cudaStream_t s) {
+  if (w.format == DevFormat::kBF16) return reinterpret_cast<const uint16_t*>(w.weight);
+  AFF_RETURN_IF_ERROR(dequant_rows_bf16(w, 0, w.out, tile, s));
+  return const_cast<const uint16_t*>(tile);
+}
+
+}  // namespace
+
+Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStream_t stream) {
+  const int64_t P = a.n_pairs, D = a.D, F = a.inter;
+  const int E = int(a.slots.size());
+  if (P == 0) return Status::ok();
+  if (!moe_grouped_supports(a.slots, precision)) return unsupported("moe_grouped: expert format not supported");
+  for (const ExpertSlot& s : a.slots)
+    if (s.w1.out != F || s.w1.in != D || s.w3.out != F || s.w3.in != D || s.w2.out != D || s.w2.in != F)
+      return internal_error("moe_grouped: expert shape differs from [inter, D] / [D, inter]");
+  AFF_ASSIGN_OR_RETURN(GemmContext * ctx, gemm_context(stream));
+  std::lock_guard<std::mutex> lock(ctx->mu);
+  const bool split = precision == MmaPrecision::kBf16x3;
+
+  // Sort: counts [E] | offsets [E] | cursor [E] | slot_of_pair [P] | pair_of_slot [P].
+  AFF_ASSIGN_OR_RETURN(void* sort_raw, gemm_scratch(*ctx, kBufSort, size_t(3 * E + 2 * P) * 4));
+  int32_t* counts = static_cast<int32_t*>(sort_raw);
+  int32_t* offsets = counts + E;
+  int32_t* cursor = offsets + E;
+  int32_t* slot_of_pair = cursor + E;
+  int32_t* pair_of_slot = slot_of_pair + P;
+  AFF_RETURN_IF_ERROR(moe_count(a.ids, P, E, counts, stream));
+  std::vector<int32_t> n(static_cast<size_t>(E)), off(static_cast<size_t>(E));
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(n.data(), counts, size_t(E) * 4, cudaMemcpyDeviceToHost, stream));
+  AFF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  int64_t total = 0;
+  for (int e = 0; e < E; ++e) off[size_t(e)] = int32_t(total), total += n[size_t(e)];
+  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, off.data(), size_t(E) * 4, cudaMemcpyHostToDevice, stream));
+  AFF_RETURN_IF_ERROR(moe_place(a.ids, P, E, offsets, cursor, slot_of_pair, pair_of_slot, stream));
+
+  // Scratch (sorted rows): inputs, gate/up, activations, outputs, one decoded weight.
+  AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
+  void* xl = nullptr;
+  void* al = nullptr;
+  if (split) {
+    AFF_ASSIGN_OR_RETURN(void* p1, gemm_scratch(*ctx, kBufXLo, size_t(total * D) * 2));
+    AFF_ASSIGN_OR_RETURN(void* p2, gemm_scratch(*ctx, kBufActLo, size_t(total * F) * 2));
+    xl = p1, al = p2;
+  }
+  AFF_ASSIGN_OR_RETURN(void* gate, gemm_scratch(*ctx, kBufGate, size_t(total * F) * 4));
+  AFF_ASSIGN_OR_RETURN(void* up, gemm_scratch(*ctx, kBufUp, size_t(total * F) * 4));
+  AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
+  AFF_ASSIGN_OR_RETURN(void* ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
+  AFF_ASSIGN_OR_RETURN(void* tile_raw, gemm_scratch(*ctx, kBufWTile, size_t(F * D) * 2));
+  uint16_t* tile = static_cast<uint16_t*>(tile_raw);
+  auto u16 = [](void* p) { return static_cast<uint16_t*>(p); };
+  auto f32 = [](void* p) { return static_cast<float*>(p); };
+
+  AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, u16(xh), u16(xl), stream));
+  for (int e = 0; e < E; ++e) {
+    const int64_t ne = n[size_t(e)], o = off[size_t(e)];
+    if (ne == 0) continue;
+    const ExpertSlot& s = a.slots[size_t(e)];
+    const uint16_t* x_hi = u16(xh) + o * D;
+    const uint16_t* x_lo = split ? u16(xl) + o * D : nullptr;
+    AFF_ASSIGN_OR_RETURN(const uint16_t* w1, weight_bf16(s.w1, tile, stream));
+    AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, F, ne, D, w1, x_hi, x_lo, D, f32(gate) + o * F, F));
+    AFF_ASSIGN_OR_RETURN(const uint16_t* w3, weight_bf16(s.w3, tile, stream));
+    AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, F, ne, D, w3, x_hi, x_lo, D, f32(up) + o * F, F));
+  }
+  AFF_RETURN_IF_ERROR(moe_swiglu_bf16(f32(gate), f32(up), total * F, a.swiglu_limit, u16(ah), u16(al), stream));
+  for (int e = 0; e < E; ++e) {
+    const int64_t ne = n[size_t(e)], o = off[size_t(e)];
+    if (ne == 0) continue;
+    AFF_ASSIGN_OR_RETURN(const uint16_t* w2, weight_bf16(a.slots[size_t(e)].w2, tile, stream));
+    AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, D, ne, F, w2, u16(ah) + o * F, split ? u16(al) + o * F : nullptr, F,
+                                      f32(ys) + o * D, D));
+  }
+  return moe_scatter(f32(ys), slot_of_pair, P, D, a.y, stream);
+}
+
+}  // namespace aff::cuda
