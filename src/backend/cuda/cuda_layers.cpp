@@ -1,9 +1,11 @@
 #include "backend/cuda/cuda_layers.h"
 
 #include <cmath>
+#include <span>
 
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/compressor/compressor.h"
+#include "backend/cuda/kernels/gemm/moe_grouped.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
@@ -11,6 +13,7 @@
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
@@ -95,6 +98,28 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   k.ratio = ix.compressor.ratio, k.k = c.index_topk;
   k.sel = st.ws.sel.as<int32_t>(), k.count = st.ws.sel_count.as<int32_t>();
   return indexer_topk(k, s);
+}
+
+// Experts of one table for a batch of pairs: prefill-sized batches go to the
+// grouped tensor-core path (each expert read once per chunk) when every expert
+// in the table has a bf16 decoder at the current precision; the rest to the
+// per-pair GEMV. host_slots: the table's contents on the host (empty: fetch
+// them, one small synchronous copy, prefill only).
+Status run_experts(const ExpertFfnArgs& e, std::span<const ExpertSlot> host_slots, cudaStream_t s) {
+  const int64_t T = e.n_pairs / (e.pairs_per_token > 0 ? e.pairs_per_token : 1);
+  if (T < kGroupedMoeMinTokens) return expert_ffn(e, s);
+  ExpertSlot fetched;
+  if (host_slots.empty()) {
+    AFF_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(&fetched, e.slots, sizeof fetched, cudaMemcpyDeviceToHost, s),
+                                    "moe: slot table to host"));
+    AFF_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s), "moe: slot table to host"));
+    host_slots = std::span<const ExpertSlot>(&fetched, 1);
+  }
+  if (!moe_grouped_supports(host_slots, mma_precision())) return expert_ffn(e, s);
+  GroupedMoeArgs g;
+  g.slots = host_slots, g.ids = e.ids, g.n_pairs = e.n_pairs, g.pairs_per_token = e.pairs_per_token;
+  g.x = e.x, g.D = e.D, g.inter = e.inter, g.swiglu_limit = e.swiglu_limit, g.y = e.y;
+  return moe_grouped_ffn(g, mma_precision(), s);
 }
 
 }  // namespace
@@ -219,7 +244,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     e.slots = w.slots, e.format = w.expert_format, e.ids = r.ids, e.n_pairs = T * k, e.pairs_per_token = k;
     e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
     e.act = ws.act.as<float>(), e.y = ws.y_pairs.as<float>();
-    AFF_RETURN_IF_ERROR(expert_ffn(e, s));
+    AFF_RETURN_IF_ERROR(run_experts(e, w.host_slots, s));
   }
   const float* shared = nullptr;
   if (w.has_shared) {
@@ -227,7 +252,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     e.slots = w.shared_slot, e.format = w.shared_format, e.ids = ws.zero_ids.as<int32_t>(), e.n_pairs = T;
     e.pairs_per_token = 1, e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
     e.act = ws.act.as<float>(), e.y = ws.y_shared.as<float>();
-    AFF_RETURN_IF_ERROR(expert_ffn(e, s));
+    AFF_RETURN_IF_ERROR(run_experts(e, {}, s));
     shared = e.y;
   }
   return moe_combine(ws.route_w.as<float>(), ws.y_pairs.as<float>(), T, no_routed ? 0 : k, c.hidden_size,

@@ -17,6 +17,13 @@
 
 namespace aff::cuda {
 
+// Fewest tokens for which gpu_moe groups the experts. From the H200 bench
+// (tests/gpu/attention_bench_test.cpp): a pair costs ~100 us on the per-pair
+// GEMV at V4-Flash width, an active expert ~60 us here (three decodes, three
+// GEMMs), so grouping wins from about 8 tokens x 6 pairs; 32 leaves the short
+// chunks to the decode kernels.
+constexpr int64_t kGroupedMoeMinTokens = 32;
+
 struct GroupedMoeArgs {
   std::span<const ExpertSlot> slots;   // host copy of the slot table [E] (device or host-mapped pointers)
   const int32_t* ids = nullptr;        // device [n_pairs] expert of pair p (token p / pairs_per_token)
