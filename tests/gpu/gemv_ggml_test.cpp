@@ -14,7 +14,7 @@
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
-#include "ggml_random.h"
+#include "random_weights.h"
 #include "gpu_test_util.h"
 
 namespace aff::cuda {
@@ -22,10 +22,11 @@ namespace {
 
 using quant::GgmlType;
 
-// The kernels may quantise activations to int8 per 32 (allowed by issue 5):
-// that costs up to ~0.4% relative error per dot; 1e-2 leaves room and still
-// catches any decode error (a wrong element order gives errors near 1.4).
-constexpr double kGgmlMaxRelRms = 1e-2;
+// The kernels quantise activations to int8 per 32 (allowed by issue 5): about
+// 0.5% relative error per dot, and with one to three output rows the sample RMS
+// can reach twice that. 2e-2 still catches any decode error (a wrong element
+// order or scale gives errors near 1).
+constexpr double kGgmlMaxRelRms = 2e-2;
 
 struct GgmlCase {
   GgmlType type;

@@ -240,8 +240,25 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     r.scaling = float(c.routed_scaling_factor);
     r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
     AFF_RETURN_IF_ERROR(router_topk(r, s));
+  }
+  // Decode-sized batches: every routed pair and the shared expert in one up and
+  // one down launch, the combine folded into the down launch.
+  MoeDecodeArgs d;
+  d.slots = w.slots, d.ids = ws.route_ids.as<int32_t>(), d.route_w = ws.route_w.as<float>();
+  d.k = no_routed ? 0 : k, d.routed_format = w.expert_format, d.shared_format = w.shared_format;
+  if (!w.host_slots.empty()) d.routed_ggml_up = w.host_slots[0].w1.ggml_type, d.routed_ggml_down = w.host_slots[0].w2.ggml_type;
+  d.shared_ggml_up = w.shared_host.w1.ggml_type, d.shared_ggml_down = w.shared_host.w2.ggml_type;
+  d.shared_slot = w.has_shared ? w.shared_slot : nullptr;
+  d.x = x, d.T = T, d.D = c.hidden_size, d.inter = c.moe_inter, d.swiglu_limit = limit;
+  d.act = ws.act.as<float>(), d.out = out;
+  if (T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
+      moe_decode_act_bytes(d) <= int64_t(ws.act.bytes())) {
+    AFF_RETURN_IF_ERROR(moe_decode_up(d, s));
+    return moe_decode_down(d, s);
+  }
+  if (!no_routed) {
     ExpertFfnArgs e;
-    e.slots = w.slots, e.format = w.expert_format, e.ids = r.ids, e.n_pairs = T * k, e.pairs_per_token = k;
+    e.slots = w.slots, e.format = w.expert_format, e.ids = ws.route_ids.as<int32_t>(), e.n_pairs = T * k, e.pairs_per_token = k;
     e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
     e.act = ws.act.as<float>(), e.y = ws.y_pairs.as<float>();
     AFF_RETURN_IF_ERROR(run_experts(e, w.host_slots, s));

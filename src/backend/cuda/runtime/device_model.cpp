@@ -93,7 +93,7 @@ Result<DeviceLinear> describe(const dsv4::Linear& w) {
                            "IQ2_XXS, IQ2_XS, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4)");
       const auto row_bytes = quant::ggml_row_bytes(traits->type, w.in);
       if (!row_bytes || w.weight.shape.size() != 2 || w.weight.shape[0] != w.out || w.weight.shape[1] != *row_bytes ||
-          w.weight.nbytes != w.out * *row_bytes)
+          w.weight.nbytes != uint64_t(w.out * *row_bytes))
         return corrupt(where + ": stored bytes do not match " + std::to_string(w.out) + " rows of " +
                        std::to_string(w.in) + " " + std::string(traits->name) + " elements");
       d.format = DevFormat::kGgml;
@@ -248,6 +248,7 @@ class ModelUploader {
     if (w.has_shared) {
       AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(w.shared));
       d.shared_format = s.w1.format;
+      d.shared_host = s;
       AFF_ASSIGN_OR_RETURN(int32_t* st, slot_table({s}, "shared expert slot"));
       d.shared_slot = reinterpret_cast<ExpertSlot*>(st);
     }

@@ -56,6 +56,7 @@ struct DeviceMoe {
   DevFormat expert_format = DevFormat::kMXFP4;
   bool has_shared = false;
   ExpertSlot* shared_slot = nullptr;   // device table [1]
+  ExpertSlot shared_host;              // the shared table's contents, as uploaded
   DevFormat shared_format = DevFormat::kFP8Block;
 };
 
@@ -66,8 +67,6 @@ struct DeviceLayer {
   DeviceAttention attn;
   DeviceMoe ffn;
 };
-
-struct SyntheticModelOptions;  // runtime/device_synthetic.h
 
 struct SyntheticModelOptions;  // runtime/device_synthetic.h
 
@@ -84,8 +83,6 @@ class DeviceModel {
 
  private:
   friend Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model);
-  friend Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfig& cfg,
-                                                                   const SyntheticModelOptions& opt);
   friend Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfig& cfg,
                                                                    const SyntheticModelOptions& opt);
   DeviceArena arena_;

@@ -49,10 +49,10 @@ __device__ __forceinline__ void ggml_scale_min_k4(const uint8_t* s, int j, int& 
   }
 }
 
-// out[0..32) = elements [32*chunk, 32*chunk + 32) of row `row` of the kGgml weight w.
-__device__ __forceinline__ void ggml_decode32(const DeviceLinear& w, int64_t row, int64_t chunk, float* out) {
+// out[0..32) = elements [32*chunk, 32*chunk + 32) of the row whose bytes start at
+// r (global or shared memory) of the kGgml weight w (its type and tables).
+__device__ __forceinline__ void ggml_decode32_at(const DeviceLinear& w, const uint8_t* r, int64_t chunk, float* out) {
   using quant::GgmlType;
-  const uint8_t* r = w.weight + row * w.row_bytes;
   const GgmlTables* tab = reinterpret_cast<const GgmlTables*>(w.tables);
   const int j = int(chunk & 7);  // sub-block within a 256-element super-block
   switch (GgmlType(w.ggml_type)) {
@@ -269,6 +269,11 @@ __device__ __forceinline__ void ggml_decode32(const DeviceLinear& w, int64_t row
       return;
     }
   }
+}
+
+// out[0..32) = elements [32*chunk, 32*chunk + 32) of row `row` of the kGgml weight w.
+__device__ __forceinline__ void ggml_decode32(const DeviceLinear& w, int64_t row, int64_t chunk, float* out) {
+  ggml_decode32_at(w, w.weight + row * w.row_bytes, chunk, out);
 }
 
 }  // namespace aff::cuda

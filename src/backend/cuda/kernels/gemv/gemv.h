@@ -20,6 +20,10 @@ namespace aff::cuda {
 Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x,
                      int64_t ldx, int64_t T, float* y, int64_t ldy, cudaStream_t stream);
 
+// Tuning knob for aff-bench-gemv: whether ggml rows stream through the per-warp
+// shared-memory ring (cp.async) or are read directly. Not for use mid-capture.
+void gemv_set_ggml_ring(bool on);
+
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {
   return gemv_rows_f32(w, 0, w.out, x, w.in, T, y, w.out, stream);

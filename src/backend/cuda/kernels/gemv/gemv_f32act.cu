@@ -1,13 +1,30 @@
-// GEMV/skinny GEMM kernels, one per weight format: gemv_<weightfmt>_f32_sm90.
-// Grid: x = row tiles of kRowsPerBlock rows (one warp per row), y = token tiles
-// of kTokTile tokens. Byte budget per launch: the weight once per token tile.
-#include "backend/cuda/kernels/gemv/gemv.h"
+// GEMV / skinny GEMM for every stored format: y = W x for T activation rows.
+//
+// gemv_any_f32_sm90<TT>: one kernel for every format (a uniform switch per row
+// picks the decoder, see common/fast_dot.cuh). A block of W warps works on
+// W/S rows at a time, S warps splitting each row's columns (split-K inside the
+// block, reduced through shared memory in a fixed order, so results are
+// deterministic); blocks stride over row groups. Tokens come in tiles of TT
+// (grid.y), each weight chunk decoded once per tile. ggml formats stage the
+// tile's activations as int8 in shared memory once per block, so their grid is
+// capped at a few blocks per SM; native formats read f32 activations through L1.
+//
+// Byte budget per launch: the weight once per token tile (+ the activations
+// once per block for ggml formats).
+//
+// gemv_<fmt>_f32_sm90 (warp per row, row_dot.cuh) remains as the fallback for
+// ggml rows too long to stage in shared memory.
+#include <algorithm>
+#include <mutex>
 
-#include "backend/cuda/kernels/common/row_dot.cuh"
+#include "backend/cuda/kernels/common/fast_dot.cuh"
+#include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
+
+// ---- fallback: warp per row, 4-token tiles ---------------------------------------------
 
 constexpr int kRowsPerBlock = 8;
 
@@ -36,29 +53,166 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   }
 }
 
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_f32_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kF32>(a); }
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_bf16_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kBF16>(a); }
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_f16_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kF16>(a); }
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_fp8b_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kFP8Block>(a); }
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_mxfp4_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kMXFP4>(a); }
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_ggml_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kGgml>(a); }
 
-using GemvKernel = void (*)(GemvArgs);
+// ---- the fast kernel ---------------------------------------------------------------------
 
-// Selection only: the kernel for a weight format (f32 activations, sm90).
-GemvKernel select_gemv_kernel(DevFormat f) {
-  switch (f) {
-    case DevFormat::kF32: return gemv_f32_f32_sm90;
-    case DevFormat::kBF16: return gemv_bf16_f32_sm90;
-    case DevFormat::kF16: return gemv_f16_f32_sm90;
-    case DevFormat::kFP8Block: return gemv_fp8b_f32_sm90;
-    case DevFormat::kMXFP4: return gemv_mxfp4_f32_sm90;
-    case DevFormat::kGgml: return gemv_ggml_f32_sm90;
+constexpr int kMaxWarps = 16;
+
+struct FastArgs {
+  DeviceLinear w;
+  int64_t row_begin, n_rows;
+  ActF32 x;       // token t at x.x + t*x.ld
+  int64_t T;
+  float* y;       // token t, row r at y[t*ldy + r]
+  int64_t ldy;
+  int split;      // S: warps per row (power of two dividing the block's warps)
+  int64_t ring_at;  // ggml: byte offset of the per-warp rings in dynamic smem (< 0: none)
+};
+
+template <WPath P, int TT>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_any_f32_sm90(FastArgs a) {
+  extern __shared__ __align__(16) uint8_t xs_smem[];
+  __shared__ float red[kMaxWarps][TT];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+  const int S = a.split, R = n_warps / S;
+  const int part = warp % S, sub = warp / S;
+  const int64_t t0 = int64_t(blockIdx.y) * TT;
+  const int nt = a.T - t0 < TT ? int(a.T - t0) : TT;
+  ActF32 x = a.x;
+  x.x += t0 * x.ld;
+  if (a.w.format == DevFormat::kGgml) {
+    act_q8_stage(x.x, x.ld, nt, a.w.in, xs_smem);
+    __syncthreads();
   }
-  return nullptr;
+  for (int64_t g = blockIdx.x; g * R < a.n_rows; g += gridDim.x) {
+    const int64_t r = g * R + sub;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; ++t) acc[t] = 0.0f;
+    uint8_t* ring = a.ring_at >= 0 ? xs_smem + a.ring_at + warp * kGgmlRingBytes : nullptr;
+    if (r < a.n_rows) row_part_p<P, TT>(a.w, a.row_begin + r, x, xs_smem, nt, part, S, ring, acc);
+#pragma unroll
+    for (int t = 0; t < TT; ++t) acc[t] = warp_sum(acc[t]);
+    if (S == 1) {
+      if (lane == 0 && r < a.n_rows) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+          if (t < nt) a.y[(t0 + t) * a.ldy + r] = acc[t];
+      }
+    } else {
+      if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) red[warp][t] = acc[t];
+      }
+      __syncthreads();
+      if (part == 0 && lane < nt && r < a.n_rows) {
+        float s = 0.0f;
+        for (int p = 0; p < S; ++p) s += red[sub * S + p][lane];
+        a.y[(t0 + lane) * a.ldy + r] = s;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+int sm_count() {
+  static int count[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (!count[dev]) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    count[dev] = n;
+  }
+  return count[dev];
+}
+
+constexpr int64_t kMaxStageBytes = 200 * 1024;
+
+bool g_ggml_ring = true;
+
+// Raises a kernel's dynamic shared memory limit once (before any graph capture:
+// the first GEMV of a process runs eagerly).
+template <WPath P, int TT>
+Status allow_stage_smem() {
+  static std::once_flag once;
+  static cudaError_t err = cudaSuccess;
+  std::call_once(once, [] {
+    err = cudaFuncSetAttribute(gemv_any_f32_sm90<P, TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kMaxStageBytes));
+  });
+  return cuda_status(err, "cudaFuncSetAttribute(gemv_any_f32_sm90)");
+}
+
+// Elements one lane decodes per step (sets how many lanes a row can feed).
+int64_t chunk_elems(const DeviceLinear& w) {
+  switch (w.format) {
+    case DevFormat::kFP8Block: return 16;
+    case DevFormat::kMXFP4: return 32;
+    case DevFormat::kBF16:
+    case DevFormat::kF16: return 8;
+    case DevFormat::kF32: return 4;
+    case DevFormat::kGgml: return 32;
+  }
+  return 16;
+}
+
+template <WPath P, int TT>
+Status launch_fast(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, const float* x, int64_t ldx, int64_t T,
+                   float* y, int64_t ldy, cudaStream_t stream) {
+  const bool ggml = w.format == DevFormat::kGgml;
+  const int n_warps = ggml ? 16 : 8;
+  const int sms = sm_count();
+  // Split rows across warps until the launch has about two waves of warps,
+  // while every lane still gets at least two chunks.
+  const int64_t chunks = w.in / chunk_elems(w);
+  int S = 1;
+  while (S < n_warps && n_rows * S < int64_t(sms) * 64 * 2 && chunks >= int64_t(64) * S * 2) S *= 2;
+  const int R = n_warps / S;
+  const int64_t groups = (n_rows + R - 1) / R;
+  const int64_t cap = ggml ? int64_t(sms) * 2 : int64_t(sms) * 16;
+  const int nt_max = int(std::min<int64_t>(T, TT));
+  const int64_t stage = ggml ? act_q8_bytes(nt_max, w.in) : 0;
+  const int64_t rings = int64_t(n_warps) * kGgmlRingBytes;
+  const bool ring = ggml && g_ggml_ring && stage + rings <= kMaxStageBytes;
+  const size_t smem = size_t(stage + (ring ? rings : 0));
+  if (smem > 48 * 1024) AFF_RETURN_IF_ERROR((allow_stage_smem<P, TT>()));
+  const dim3 grid(unsigned(std::min(groups, cap)), unsigned((T + TT - 1) / TT));
+  ActF32 xa{x, ldx, (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (ldx % 4 == 0)};
+  gemv_any_f32_sm90<P, TT><<<grid, n_warps * 32, smem, stream>>>(FastArgs{w, row_begin, n_rows, xa, T, y, ldy, S, ring ? stage : -1});
+  return launch_status("gemv_any_f32_sm90");
+}
+
+template <int TT>
+Status launch_path(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, const float* x, int64_t ldx, int64_t T,
+                   float* y, int64_t ldy, cudaStream_t stream) {
+#define AFF_GEMV_PATH(P_) \
+  case WPath::P_: return launch_fast<WPath::P_, TT>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
+  switch (wpath_of(w.format, w.ggml_type)) {
+    AFF_GEMV_PATH(kFP8)
+    AFF_GEMV_PATH(kMXFP4)
+    AFF_GEMV_PATH(kBF16)
+    AFF_GEMV_PATH(kF16)
+    AFF_GEMV_PATH(kF32)
+    AFF_GEMV_PATH(kQ8_0)
+    AFF_GEMV_PATH(kQ2_K)
+    AFF_GEMV_PATH(kQ3_K)
+    AFF_GEMV_PATH(kQ4_K)
+    AFF_GEMV_PATH(kIQ2_XXS)
+    AFF_GEMV_PATH(kIQ4_XS)
+    AFF_GEMV_PATH(kIQ4_NL)
+    AFF_GEMV_PATH(kMXFP4g)
+    AFF_GEMV_PATH(kGgmlOther)
+    case WPath::kAny: break;
+  }
+#undef AFF_GEMV_PATH
+  return internal_error("gemv: no kernel for this weight format");
 }
 
 }  // namespace
+
+void gemv_set_ggml_ring(bool on) { g_ggml_ring = on; }
 
 Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x,
                      int64_t ldx, int64_t T, float* y, int64_t ldy, cudaStream_t stream) {
@@ -66,12 +220,18 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
     return internal_error("gemv: row range outside the weight");
   const int64_t n_rows = row_end - row_begin;
   if (n_rows == 0 || T == 0) return Status::ok();
-  const GemvKernel k = select_gemv_kernel(w.format);
-  if (!k) return internal_error("gemv: no kernel for this weight format");
-  const dim3 grid(unsigned((n_rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((T + kTokTile - 1) / kTokTile));
-  if (grid.y > 65535u) return internal_error("gemv: too many tokens in one launch");
-  k<<<grid, kRowsPerBlock * 32, 0, stream>>>(GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
-  return launch_status("gemv_f32");
+  const int64_t tiles = T == 1 ? 1 : (T + 7) / 8;
+  if (tiles > 65535) return internal_error("gemv: too many tokens in one launch");
+  const bool ggml = w.format == DevFormat::kGgml;
+  if (ggml && act_q8_bytes(std::min<int64_t>(T, 8), w.in) > kMaxStageBytes) {
+    // Rows too long to stage 8 tokens: the warp-per-row kernel with f32 activations.
+    const dim3 grid(unsigned((n_rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((T + kTokTile - 1) / kTokTile));
+    if (grid.y > 65535u) return internal_error("gemv: too many tokens in one launch");
+    gemv_ggml_f32_sm90<<<grid, kRowsPerBlock * 32, 0, stream>>>(GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
+    return launch_status("gemv_ggml_f32_sm90");
+  }
+  if (T == 1) return launch_path<1>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
+  return launch_path<8>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
 }
 
 }  // namespace aff::cuda

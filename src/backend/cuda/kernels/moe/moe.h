@@ -48,6 +48,46 @@ struct ExpertFfnArgs {
 // x = x[p / pairs_per_token] and the expert of slot ids[p].
 Status expert_ffn(const ExpertFfnArgs& a, cudaStream_t stream);
 
+// Decode-sized MoE (T <= kMoeDecodeMaxTokens) in two launches, every format
+// (routed and shared experts may differ), experts read through slot tables:
+//   moe_decode_up:   act[p] = swiglu_clamp(w1 x_t, w3 x_t) for every routed
+//                    pair p = t*k + j (expert ids[p]) and, after them, the
+//                    shared expert of each token (pair T*k + t);
+//   moe_decode_down: out[t] = sum_j route_w[t, j] * (w2_{ids[t*k+j]} act[t*k+j])
+//                    + w2_shared act[T*k + t], summed in this fixed order
+//                    (deterministic), no separate combine pass.
+constexpr int64_t kMoeDecodeMaxTokens = 8;
+
+struct MoeDecodeArgs {
+  const ExpertSlot* slots = nullptr;         // routed table [E], or null when k == 0
+  const int32_t* ids = nullptr;              // [T, k] expert ids (device)
+  const float* route_w = nullptr;            // [T, k] combine weights (device)
+  int k = 0;                                 // routed experts per token (0: shared only)
+  // Host-side copies of the storage (they pick the kernel and the activation
+  // staging): format of every routed / the shared expert, and for kGgml the ggml
+  // type ids of the gate/up (w1, w3) and down (w2) weights.
+  DevFormat routed_format = DevFormat::kMXFP4;
+  DevFormat shared_format = DevFormat::kFP8Block;
+  int routed_ggml_up = -1, routed_ggml_down = -1;
+  int shared_ggml_up = -1, shared_ggml_down = -1;
+  const ExpertSlot* shared_slot = nullptr;   // [1] shared expert, or null
+  const float* x = nullptr;                  // [T, D] expert input
+  int64_t T = 0, D = 0, inter = 0;
+  float swiglu_limit = 0.0f;                 // 0 disables the clamp
+  float* act = nullptr;                      // scratch [T*k + (shared ? T : 0), inter]
+  float* out = nullptr;                      // [T, D]
+};
+
+// Bytes of act scratch the two launches need.
+inline int64_t moe_decode_act_bytes(const MoeDecodeArgs& a) {
+  return (a.T * a.k + (a.shared_slot ? a.T : 0)) * a.inter * 4;
+}
+
+Status moe_decode_up(const MoeDecodeArgs& a, cudaStream_t stream);
+// Tuning knob for aff-bench-gemv (see gemv_set_ggml_ring).
+void moe_decode_set_ggml_ring(bool on);
+Status moe_decode_down(const MoeDecodeArgs& a, cudaStream_t stream);
+
 // out[t, d] = sum_i weights[t, i] * y[t*k + i, d] (+ add[t, d] when add != null).
 //   weights: [T, k]; y: [T*k, D]; add, out: [T, D]. out may alias add.
 Status moe_combine(const float* weights, const float* y, int64_t T, int k, int64_t D, const float* add,

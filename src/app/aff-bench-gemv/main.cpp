@@ -1,0 +1,287 @@
+// aff-bench-gemv: the weight-streaming kernels on V4-Flash shapes. Each row is
+// the median over repetitions of a batch of back-to-back launches timed with
+// CUDA events, as GB/s of weight bytes and the fraction of the H200's measured
+// 4.45 TB/s. Every launch in a batch reads a different copy of the weights
+// (together several times the 50 MB L2), so the numbers are HBM reads, not L2
+// hits. The last rows read one expert from pinned host memory mapped into the
+// device (zero-copy over PCIe), the path of a tiered expert store.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef AFFINITY_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels/common/ggml_tables.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/runtime/device_weights.h"
+#include "quant/type_traits.h"
+#endif
+
+#ifdef AFFINITY_HAS_CUDA
+namespace {
+
+using namespace aff;
+using namespace aff::cuda;
+using quant::GgmlType;
+
+constexpr double kHbmBytesPerS = 4.45e12;      // H200, measured (docs/BENCHMARKS.md)
+constexpr size_t kRotateBytes = size_t(512) << 20;  // weights cycled per batch: 10x the L2
+constexpr int kReps = 25;                      // median over this many batches
+
+#define CK(call)                                                                  \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));            \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+void ok(const Status& s) {
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    std::exit(1);
+  }
+}
+
+struct Fmt {
+  const char* name;
+  DevFormat format;
+  GgmlType ggml;
+};
+
+// Bytes of a weight [out, in] in f (plus its scales).
+size_t weight_bytes(const Fmt& f, int64_t out, int64_t in) {
+  switch (f.format) {
+    case DevFormat::kFP8Block: return size_t(out * in + ((out + 127) / 128) * ((in + 127) / 128));
+    case DevFormat::kMXFP4: return size_t(out * in / 2 + out * in / 32);
+    case DevFormat::kBF16:
+    case DevFormat::kF16: return size_t(out * in * 2);
+    case DevFormat::kF32: return size_t(out * in * 4);
+    case DevFormat::kGgml: return size_t(out * *quant::ggml_row_bytes(f.ggml, in));
+  }
+  return 0;
+}
+
+// A DeviceLinear over bytes at p (weights first, scales after), filled with a
+// constant pattern: speed does not depend on the values, and 0x11 decodes to
+// finite numbers in every format.
+DeviceLinear describe(const Fmt& f, int64_t out, int64_t in, uint8_t* p) {
+  DeviceLinear w;
+  w.weight = p, w.format = f.format, w.out = out, w.in = in;
+  if (f.format == DevFormat::kFP8Block) {
+    w.scale = p + out * in, w.scale_type = DevScale::kE8M0, w.block = 128, w.scale_cols = (in + 127) / 128;
+  } else if (f.format == DevFormat::kMXFP4) {
+    w.scale = p + out * in / 2, w.scale_type = DevScale::kE8M0, w.scale_cols = in / 32;
+  } else if (f.format == DevFormat::kGgml) {
+    w.ggml_type = int(f.ggml), w.row_bytes = *quant::ggml_row_bytes(f.ggml, in);
+    auto t = ggml_device_tables();
+    ok(t.status());
+    w.tables = reinterpret_cast<const uint8_t*>(*t);
+  }
+  return w;
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// n copies of a weight in one allocation (device, or mapped pinned host memory).
+struct Copies {
+  std::vector<DeviceLinear> w;
+  uint8_t* base = nullptr;
+  bool host = false;
+  size_t bytes_each = 0;
+  Copies(const Fmt& f, int64_t out, int64_t in, int n, bool on_host = false) : host(on_host) {
+    bytes_each = weight_bytes(f, out, in);
+    const size_t stride = align256(bytes_each);
+    if (host) {
+      CK(cudaHostAlloc(&base, stride * n, cudaHostAllocMapped));
+      std::memset(base, 0x11, stride * n);
+    } else {
+      CK(cudaMalloc(&base, stride * n));
+      CK(cudaMemset(base, 0x11, stride * n));
+    }
+    for (int i = 0; i < n; ++i) {
+      uint8_t* p = base + stride * i;
+      if (host) CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p), base + stride * i, 0));
+      w.push_back(describe(f, out, in, p));
+    }
+  }
+  ~Copies() {
+    if (host) cudaFreeHost(base);
+    else cudaFree(base);
+  }
+};
+
+template <class Launch>
+double median_us_per_launch(int per_batch, Launch launch) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < per_batch; ++i) launch(i);  // warm-up
+  CK(cudaDeviceSynchronize());
+  std::vector<double> us;
+  for (int r = 0; r < kReps; ++r) {
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < per_batch; ++i) launch(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1e3 / per_batch);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+void row(const std::string& kernel, const std::string& shape, const char* fmt, int T, double bytes, double us,
+         double ceiling = kHbmBytesPerS) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("| %-22s | %-26s | %-8s | %d | %8.1f | %7.2f | %7.0f | %5.1f%% |\n", kernel.c_str(), shape.c_str(), fmt, T,
+              bytes / 1e6, us, gbs, 100.0 * gbs * 1e9 / ceiling);
+  std::fflush(stdout);
+}
+
+float* device_floats(size_t n, float v) {
+  std::vector<float> h(n, v);
+  float* p = nullptr;
+  CK(cudaMalloc(&p, n * 4));
+  CK(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice));
+  return p;
+}
+
+void bench_gemv(const Fmt& f, int64_t out, int64_t in, int T, const std::string& what, float* x, float* y) {
+  const size_t bytes = weight_bytes(f, out, in);
+  const int n = int(std::clamp<size_t>(kRotateBytes / bytes, 2, 64));
+  Copies c(f, out, in, n);
+  const double us = median_us_per_launch(n, [&](int i) { ok(gemv_f32(c.w[size_t(i)], x, T, y, nullptr)); });
+  row("gemv " + what, std::to_string(in) + "->" + std::to_string(out), f.name, T, double(bytes), us);
+}
+
+// Full-geometry decode MoE: E experts (routed formats w13 for gate/up, w2 for
+// down) and an FP8 shared expert; every launch pair uses fresh expert ids.
+void bench_moe(const Fmt& w13, const Fmt& w2, int T, float* x, float* out) {
+  const int E = 256, k = 6;
+  const int64_t D = 4096, I = 2048;
+  Copies g(w13, I, D, E), u(w13, I, D, E), d(w2, D, I, E);
+  const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
+  Copies sg(fp8, I, D, 1), su(fp8, I, D, 1), sd(fp8, D, I, 1);
+  std::vector<ExpertSlot> slots(E);
+  for (int e = 0; e < E; ++e) slots[size_t(e)] = {g.w[size_t(e)], u.w[size_t(e)], d.w[size_t(e)]};
+  ExpertSlot shared{sg.w[0], su.w[0], sd.w[0]};
+  ExpertSlot *dslots = nullptr, *dshared = nullptr;
+  CK(cudaMalloc(&dslots, sizeof(ExpertSlot) * E));
+  CK(cudaMalloc(&dshared, sizeof(ExpertSlot)));
+  CK(cudaMemcpy(dslots, slots.data(), sizeof(ExpertSlot) * E, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dshared, &shared, sizeof(ExpertSlot), cudaMemcpyHostToDevice));
+  const int batches = 32;  // distinct id sets: 32 * 6 * T experts cycle through the 256
+  std::vector<int32_t> ids(size_t(batches * T * k));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + i / 6) % E);
+  int32_t* dids = nullptr;
+  CK(cudaMalloc(&dids, ids.size() * 4));
+  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  float* rw = device_floats(size_t(T * k), 0.2f);
+  float* act = nullptr;
+  CK(cudaMalloc(&act, size_t(T * (k + 1) * I) * 4));
+  MoeDecodeArgs a;
+  a.slots = dslots, a.route_w = rw, a.k = k, a.routed_format = w13.format, a.shared_format = DevFormat::kFP8Block;
+  a.routed_ggml_up = int(w13.ggml), a.routed_ggml_down = int(w2.ggml);
+  a.shared_slot = dshared, a.x = x, a.T = T, a.D = D, a.inter = I, a.swiglu_limit = 10.0f, a.act = act, a.out = out;
+  // Distinct experts read per launch pair (ids may repeat within a token set for T > 1).
+  const double routed_bytes = double(std::min(T * k, E)) * double(2 * weight_bytes(w13, I, D) + weight_bytes(w2, D, I));
+  const double shared_bytes = double(3 * weight_bytes(fp8, I, D));
+  const double up_bytes = double(std::min(T * k, E)) * double(2 * weight_bytes(w13, I, D)) + 2.0 * weight_bytes(fp8, I, D);
+  const std::string fmts = std::string(w13.name) + "+" + w2.name;
+  const double us_up = median_us_per_launch(batches, [&](int i) {
+    a.ids = dids + size_t(i) * T * k;
+    ok(moe_decode_up(a, nullptr));
+  });
+  const double us_all = median_us_per_launch(batches, [&](int i) {
+    a.ids = dids + size_t(i) * T * k;
+    ok(moe_decode_up(a, nullptr));
+    ok(moe_decode_down(a, nullptr));
+  });
+  row("moe up (6 routed+shared)", "4096->2x2048 x7", fmts.c_str(), T, up_bytes, us_up);
+  row("moe up+down (whole FFN)", "7 experts, fp8 shared", fmts.c_str(), T, routed_bytes + shared_bytes, us_all);
+  cudaFree(dslots), cudaFree(dshared), cudaFree(dids), cudaFree(rw), cudaFree(act);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs; median of %d batches; ceiling %.2f TB/s\n\n", prop.name, prop.multiProcessorCount,
+              kReps, kHbmBytesPerS / 1e12);
+  std::printf("| kernel | shape (in->out) | weights | T | MB | us/launch | GB/s | of HBM |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  float* x = device_floats(size_t(8) * 32768, 0.5f);
+  float* y = device_floats(size_t(8) * 65536, 0.0f);
+  const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
+  const Fmt bf16{"BF16", DevFormat::kBF16, GgmlType::kF32};
+  const Fmt mxfp4{"MXFP4", DevFormat::kMXFP4, GgmlType::kF32};
+  // Dense attention/shared-expert shapes (FP8 block-scaled).
+  bench_gemv(fp8, 32768, 4096, 1, "large", x, y);
+  bench_gemv(fp8, 4096, 32768, 1, "large", x, y);
+  bench_gemv(fp8, 32768, 1024, 1, "wq_b", x, y);
+  bench_gemv(fp8, 4096, 8192, 1, "wo_b", x, y);
+  bench_gemv(fp8, 1024, 4096, 1, "wq_a", x, y);
+  bench_gemv(fp8, 512, 4096, 1, "wkv", x, y);
+  bench_gemv(fp8, 2048, 4096, 1, "shared w1", x, y);
+  bench_gemv(fp8, 4096, 2048, 1, "shared w2", x, y);
+  if (!quick) {
+    for (int T : {2, 4, 8}) bench_gemv(fp8, 32768, 4096, T, "large", x, y);
+    bench_gemv(bf16, 4096, 4096, 1, "bf16", x, y);
+    bench_gemv(mxfp4, 14336, 4096, 1, "7 experts", x, y);
+    bench_gemv(mxfp4, 4096, 2048, 1, "expert w2", x, y);
+  }
+  // Expert formats: 7 experts' gate rows stacked (4096 -> 7*2048) and one down.
+  const Fmt ggml_types[] = {{"Q2_K", DevFormat::kGgml, GgmlType::kQ2_K},     {"Q3_K", DevFormat::kGgml, GgmlType::kQ3_K},
+                            {"IQ2_XXS", DevFormat::kGgml, GgmlType::kIQ2_XXS}, {"Q4_K", DevFormat::kGgml, GgmlType::kQ4_K},
+                            {"IQ4_XS", DevFormat::kGgml, GgmlType::kIQ4_XS},   {"Q8_0", DevFormat::kGgml, GgmlType::kQ8_0},
+                            {"MXFP4g", DevFormat::kGgml, GgmlType::kMXFP4},    {"Q6_K", DevFormat::kGgml, GgmlType::kQ6_K}};
+  for (const Fmt& f : ggml_types) {
+    bench_gemv(f, 14336, 4096, 1, "7 experts", x, y);
+    if (!quick) bench_gemv(f, 4096, 2048, 1, "expert w2", x, y);
+  }
+  // The same rows read directly instead of through the shared-memory ring.
+  gemv_set_ggml_ring(false);
+  moe_decode_set_ggml_ring(false);
+  for (const Fmt& f : ggml_types) bench_gemv(f, 14336, 4096, 1, "7 experts, no ring", x, y);
+  bench_moe(ggml_types[2], ggml_types[0], 1, x, y);
+  gemv_set_ggml_ring(true);
+  moe_decode_set_ggml_ring(true);
+  if (!quick) bench_gemv(ggml_types[0], 14336, 4096, 8, "7 experts", x, y);
+  // The decode MoE at full geometry.
+  bench_moe(ggml_types[2], ggml_types[0], 1, x, y);   // IQ2_XXS gate/up + Q2_K down
+  bench_moe(ggml_types[0], ggml_types[1], 1, x, y);   // Q2_K gate/up + Q3_K down
+  if (!quick) {
+    bench_moe(fp8, fp8, 1, x, y);
+    bench_moe(mxfp4, mxfp4, 1, x, y);
+    bench_moe(ggml_types[2], ggml_types[0], 4, x, y);
+  }
+  // One expert (Q2_K, 3 x 2048x4096) in mapped pinned host memory, as one GEMV.
+  {
+    Copies h(ggml_types[0], 3 * 2048, 4096, 2, /*on_host=*/true);
+    const double us = median_us_per_launch(2, [&](int i) { ok(gemv_f32(h.w[size_t(i)], x, 1, y, nullptr)); });
+    row("gemv host-mapped", "4096->6144 (1 expert)", "Q2_K", 1, double(h.bytes_each), us);
+    Copies hf(fp8, 3 * 2048, 4096, 2, /*on_host=*/true);
+    const double us2 = median_us_per_launch(2, [&](int i) { ok(gemv_f32(hf.w[size_t(i)], x, 1, y, nullptr)); });
+    row("gemv host-mapped", "4096->6144 (1 expert)", "FP8", 1, double(hf.bytes_each), us2);
+  }
+  std::printf("\n(host-mapped rows: %% of HBM; PCIe Gen5 x16 is ~64 GB/s per direction)\n");
+  return 0;
+}
+#else
+int main() {
+  std::fprintf(stderr, "aff-bench-gemv: built without CUDA\n");
+  return 1;
+}
+#endif
