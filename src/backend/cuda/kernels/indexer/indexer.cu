@@ -163,25 +163,33 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix sum of v over the block (NT threads) and the total.
+// Exclusive prefix sum of v over the block (NT threads) and the total: warp
+// scans, then one warp scans the warp totals (not every thread).
 template <int NT>
-__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& total) {
+__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_tot, uint32_t& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
+  uint32_t x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
   }
   if (lane == 31) warp_tot[warp] = x;
   __syncthreads();
-  int before = 0;
-  total = 0;
+  if (warp == 0) {
+    const uint32_t own = lane < NT / 32 ? warp_tot[lane] : 0u;
+    uint32_t incl = own;
 #pragma unroll
-  for (int w = 0; w < NT / 32; ++w) {
-    if (w < warp) before += warp_tot[w];
-    total += warp_tot[w];
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane < NT / 32) warp_tot[lane] = incl - own;  // exclusive
+    if (lane == 31) warp_tot[32] = incl;
   }
+  __syncthreads();
+  const uint32_t before = warp_tot[warp];
+  total = warp_tot[32];
   __syncthreads();  // warp_tot is reused by the next call
   return before + x - v;
 }
@@ -193,7 +201,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
   extern __shared__ uint32_t staged[];  // [ld] when kStaged
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_remaining;
-  __shared__ int warp_tot[NT / 32];
+  __shared__ uint32_t warp_tot[33];
   const StepInfo step = *a.step;
   const int64_t t = blockIdx.x;
   if (t >= step.T) return;
@@ -268,20 +276,22 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
     __syncthreads();
   }
   // prefix is now the exact key of the k-th largest score: take every larger
-  // key and the `remaining` lowest-id keys equal to it.
-  int out_base = 0, eq_seen = 0;
+  // key and the `remaining` lowest-id keys equal to it. One scan per round
+  // counts both (larger in the high 16 bits, equal in the low 16).
+  uint32_t out_base = 0, eq_seen = 0;
   for (int64_t j0 = 0; j0 < n; j0 += NT) {
     const int64_t j = j0 + threadIdx.x;
     const uint32_t u = j < n ? key_at(j) : 0u;
     const bool gt = j < n && u > prefix;
     const bool eq = j < n && u == prefix;
-    int eq_total = 0;
-    const int eq_rank = eq_seen + block_exclusive_scan<NT>(eq ? 1 : 0, warp_tot, eq_total);
-    const bool take = gt || (eq && uint32_t(eq_rank) < remaining);
-    int take_total = 0;
-    const int slot = out_base + block_exclusive_scan<NT>(take ? 1 : 0, warp_tot, take_total);
-    if (take) out[slot] = int32_t(j);
-    out_base += take_total;
+    uint32_t both_total = 0;
+    const uint32_t both = block_exclusive_scan<NT>((gt ? 1u << 16 : 0u) | (eq ? 1u : 0u), warp_tot, both_total);
+    const uint32_t gt_before = both >> 16, eq_before = eq_seen + (both & 0xffffu);
+    const uint32_t taken_eq_before = min(eq_before, remaining) - min(eq_seen, remaining);
+    const bool take = gt || (eq && eq_before < remaining);
+    if (take) out[out_base + gt_before + taken_eq_before] = int32_t(j);
+    const uint32_t eq_total = both_total & 0xffffu;
+    out_base += (both_total >> 16) + (min(eq_seen + eq_total, remaining) - min(eq_seen, remaining));
     eq_seen += eq_total;
   }
   if (threadIdx.x == 0) a.count[t] = a.k;
