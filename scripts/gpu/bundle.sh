@@ -19,6 +19,7 @@ for name in "$@"; do
     bin="$build/bin/$name"
     [ -x "$bin" ] || { echo "bundle: $bin not built" >&2; exit 1; }
     cp -f "$bin" "$dest/"
+    strip --strip-unneeded "$dest/$name" 2>/dev/null || true  # symbols are not needed to run; the carry limit is tight
     ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r lib path; do
         [[ $lib =~ $skip ]] && continue
         cp -fL "$path" "$dest/lib/$lib"

@@ -68,7 +68,10 @@ TEST(KvGrowth, GrowingStateGivesTheLogitsOfAFullyCommittedOne) {
   // Odd chunk sizes, a prefill past the initial commit, then decode steps.
   std::mt19937 rng(std::random_device{}());
   std::uniform_int_distribution<int32_t> tok(2, int32_t(V - 1));
-  std::vector<int32_t> tokens(301);
+  const size_t chunks[] = {3, 150, 1, 1, 77, 1, 1, 1, 66, 1};
+  size_t total = 0;
+  for (size_t n : chunks) total += n;
+  std::vector<int32_t> tokens(total);
   for (auto& t : tokens) t = tok(rng);
   const int64_t kKvSize = 4096;
 
@@ -86,7 +89,6 @@ TEST(KvGrowth, GrowingStateGivesTheLogitsOfAFullyCommittedOne) {
   std::vector<void*> bases;
   for (const auto& ls : (*grow)->layers) bases.push_back(ls.kv.entries.data());
 
-  const size_t chunks[] = {3, 150, 1, 1, 77, 1, 1, 1, 66, 1};
   size_t at = 0;
   for (size_t n : chunks) {
     const auto part = std::span<const int32_t>(tokens).subspan(at, n);

@@ -48,17 +48,14 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
   float* x = ws.x.as<float>();
   float* y = ws.y.as<float>();
   AFF_RETURN_IF_ERROR(embed_rows(model.embed, model.embed_format, ws.tokens.as<int32_t>(), T, D, cfg.hc_mult, h, s));
+  // Each mHC site also applies the previous sublayer's hc_post (y into h): the
+  // last layer's is applied by the head (run_head), so y must survive until then.
   for (int l = 0; l < n_layers; ++l) {
     const DeviceLayer& lw = model.layers[size_t(l)];
-    AFF_RETURN_IF_ERROR(gpu_hc_pre(model, lw.hc_attn, st, h, T, x));
-    AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, T, D, lw.attn_norm, eps, s));
+    AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x));
     AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y));
-    AFF_RETURN_IF_ERROR(gpu_hc_post(model, st, y, T, h));
-
-    AFF_RETURN_IF_ERROR(gpu_hc_pre(model, lw.hc_ffn, st, h, T, x));
-    AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, T, D, lw.ffn_norm, eps, s));
+    AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_ffn, st, h, y, 0, T, false, lw.ffn_norm, x));
     AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
-    AFF_RETURN_IF_ERROR(gpu_hc_post(model, st, y, T, h));
   }
   return Status::ok();
 }
@@ -70,23 +67,21 @@ Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_
   cudaStream_t s = st.stream.get();
   AFF_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(st.ws.tokens.data(), tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, s));
-  // Pageable source: the copy is staged before the call returns, so a local is safe.
-  const StepInfo step{pos0, T};
-  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, s));
+  AFF_RETURN_IF_ERROR(gpu_begin_chunk(st, pos0, T));
   AFF_RETURN_IF_ERROR(enqueue_layers(model, st, T, pos0, n_layers, opts));
   st.n_past = pos0 + T;
   return Status::ok();
 }
 
 // Final collapse, norm and head for rows [first, T) of ws.h into ws.logits.
-Status run_head(const DeviceModel& model, GpuState& st, int64_t first, int64_t T) {
-  const dsv4::ModelConfig& cfg = model.config;
-  const int64_t D = cfg.hidden_size, n_out = T - first;
-  cudaStream_t s = st.stream.get();
+// Runs right after the chunk's layers: it also applies the last layer's
+// hc_post (ws.y into ws.h) for the rows it reads.
+Status run_head(const DeviceModel& model, GpuState& st, int n_layers, int64_t first, int64_t T) {
+  const int64_t n_out = T - first;
   float* x = st.ws.x.as<float>();
-  AFF_RETURN_IF_ERROR(gpu_hc_head(model, st, st.ws.h.as<float>() + first * cfg.hc_mult * D, n_out, x));
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(x, x, n_out, D, model.norm, float(cfg.rms_norm_eps), s));
-  return gemv_f32(model.head, x, n_out, st.ws.logits.as<float>(), s);
+  AFF_RETURN_IF_ERROR(gpu_hc_site(model, model.hc_head, st, st.ws.h.as<float>(),
+                                  n_layers > 0 ? st.ws.y.as<float>() : nullptr, first, n_out, true, model.norm, x));
+  return gemv_f32(model.head, x, n_out, st.ws.logits.as<float>(), st.stream.get());
 }
 
 // The whole decode step for one token as enqueued work: inputs from the
@@ -101,7 +96,7 @@ Status enqueue_decode(const DeviceModel& model, GpuState& st, DecodeGraph& g, in
   AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.ws.tokens.data(), &g.io()->token, 4, cudaMemcpyHostToDevice, s));
   // The position is only used by host-side checks here; kernels read StepInfo.
   AFF_RETURN_IF_ERROR(enqueue_layers(model, st, 1, g.io()->step.pos0, n_layers, opts));
-  AFF_RETURN_IF_ERROR(run_head(model, st, 0, 1));
+  AFF_RETURN_IF_ERROR(run_head(model, st, n_layers, 0, 1));
   if (greedy) {
     AFF_RETURN_IF_ERROR(argmax_rows(st.ws.logits.as<float>(), 1, V, st.ws.argmax.as<int32_t>(), s));
     AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&g.io()->argmax, st.ws.argmax.data(), 4, cudaMemcpyDeviceToHost, s));
@@ -126,11 +121,12 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
   g.io()->step = StepInfo{st.n_past, 1};
   g.io()->token = token;
   const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy};
-  if (!decode_graph_enabled()) {
+  if (!decode_graph_enabled() || (!g.ready_for(key) && !g.warmed_for(key))) {
     AFF_RETURN_IF_ERROR(enqueue_decode(model, st, g, n_layers, opts, greedy));
+    g.mark_warmed(key);
   } else {
     if (!g.ready_for(key)) {
-      AFF_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      AFF_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
       const Status captured = enqueue_decode(model, st, g, n_layers, opts, greedy);
       if (!captured.is_ok()) {
         DecodeGraph::abandon_capture(s);
@@ -138,7 +134,7 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
       }
       AFF_RETURN_IF_ERROR(g.finish_capture(s, key));
     }
-    AFF_RETURN_IF_ERROR(g.launch(s));
+    AFF_RETURN_IF_ERROR(g.launch(s, key));
   }
   AFF_RETURN_IF_ERROR(st.stream.synchronize());
   st.n_past += 1;
@@ -151,6 +147,8 @@ Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const in
                    bool all_positions, std::vector<float>& logits, const dsv4::ForwardOptions& opts) {
   int n_layers = 0;
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
+  // Back the caches for the new positions (host side, before anything is enqueued).
+  AFF_RETURN_IF_ERROR(gpu_state_reserve(state, state.n_past + int64_t(tokens.size())));
   const int64_t V = model.config.vocab_size;
   logits.clear();
   if (tokens.size() == 1) {
@@ -164,7 +162,7 @@ Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const in
     AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
     if (!all_positions && !last) continue;
     const int64_t first = all_positions ? 0 : int64_t(n) - 1;
-    AFF_RETURN_IF_ERROR(run_head(model, state, first, int64_t(n)));
+    AFF_RETURN_IF_ERROR(run_head(model, state, n_layers, first, int64_t(n)));
     const size_t base = logits.size(), count = size_t((int64_t(n) - first) * V);
     logits.resize(base + count);
     AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + base, state.ws.logits.data(), count * 4,
@@ -178,6 +176,8 @@ Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, st
                                    const dsv4::ForwardOptions& opts) {
   int n_layers = 0;
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
+  // Back the caches for the new positions (host side, before anything is enqueued).
+  AFF_RETURN_IF_ERROR(gpu_state_reserve(state, state.n_past + int64_t(tokens.size())));
   if (tokens.size() == 1) {
     AFF_RETURN_IF_ERROR(decode_step(model, state, tokens[0], n_layers, opts, /*greedy=*/true));
     return state.decode_graph->io()->argmax;
@@ -187,7 +187,7 @@ Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, st
     n = std::min(tokens.size() - i, size_t(state.max_chunk));
     AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
   }
-  AFF_RETURN_IF_ERROR(run_head(model, state, int64_t(n) - 1, int64_t(n)));
+  AFF_RETURN_IF_ERROR(run_head(model, state, n_layers, int64_t(n) - 1, int64_t(n)));
   cudaStream_t s = state.stream.get();
   AFF_RETURN_IF_ERROR(argmax_rows(state.ws.logits.as<float>(), 1, model.config.vocab_size,
                                   state.ws.argmax.as<int32_t>(), s));

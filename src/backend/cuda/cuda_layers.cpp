@@ -150,6 +150,42 @@ Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T
   return hc_collapse(h, a.pre, T, c.hc_mult, c.hidden_size, y, st.stream.get());
 }
 
+Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {
+  AFF_RETURN_IF_ERROR(gpu_state_reserve(st, pos0 + T));
+  // Pageable source: the copy is staged before the call returns, so a local is safe.
+  const StepInfo step{pos0, T};
+  AFF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, st.stream.get()));
+  return Status::ok();
+}
+
+Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
+                   int64_t T, bool head, const float* norm_weight, float* x) {
+  const dsv4::ModelConfig& c = m.config;
+  const int hc = c.hc_mult;
+  const int64_t D = c.hidden_size;
+  if (T > st.max_chunk) return internal_error("mHC: chunk larger than the workspace");
+  HcFusedArgs f;
+  f.h = h + first * hc * D;
+  f.a = a ? a + first * D : nullptr;
+  f.fn = w.fn.weight;
+  switch (w.fn.format) {
+    case DevFormat::kF32: f.fn_dtype = 0; break;
+    case DevFormat::kBF16: f.fn_dtype = 1; break;
+    case DevFormat::kF16: f.fn_dtype = 2; break;
+    default: return unsupported("mHC: the mixes matrix must be f32, bf16 or f16");
+  }
+  f.base = w.base, f.scale = w.scale, f.T = T, f.hc = hc, f.D = D, f.head = head;
+  f.sinkhorn_iters = c.hc_sinkhorn_iters, f.hc_eps = float(c.hc_eps), f.norm_eps = eps_of(m);
+  f.post = st.ws.post.as<float>() + first * hc;
+  f.comb = st.ws.comb.as<float>() + first * hc * hc;
+  f.pre = st.ws.pre.as<float>() + first * hc;
+  f.x_norm = norm_weight, f.x = x;
+  f.partials = st.ws.hc_partials.as<float>();
+  f.tickets = st.ws.hc_tickets.as<unsigned>();
+  return hc_fused(f, st.stream.get());
+}
+
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
                      float* out) {
   const dsv4::ModelConfig& c = m.config;
@@ -169,11 +205,15 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
   AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
   AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(q, q, T * H, Dh, nullptr, eps, s));
   AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(kv, kv, T, Dh, w.kv_norm, eps, s));
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(q, T * H, Dh, st, compressed, rd, H, false), s));
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(kv, T, Dh, st, compressed, rd, 1, false), s));
+  {  // per-head query norm, KV norm, and RoPE on both, in one launch
+    QkvFinishArgs f;
+    const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
+    f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
+    f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
+    f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
+    AFF_RETURN_IF_ERROR(qkv_finish(f, s));
+  }
 
   AttentionArgs a;
   if (compressed) {

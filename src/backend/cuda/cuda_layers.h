@@ -22,6 +22,20 @@ Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T
 // Final collapse (no Sinkhorn): y: [T, D] from h: [T, hc, D].
 Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T, float* y);
 
+// Before a chunk at positions [pos0, pos0 + T): backs the caches for them and
+// writes the chunk's StepInfo (which the kernels read) on the state's stream.
+Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T);
+
+// One mHC site in one launch (kernels/mhc: hc_fused) for rows [first, first + T):
+// when `a` is set, h <- post_prev * a + comb_prev^T h first (the previous
+// sublayer's hc_post, coefficients from st.ws); then this site's coefficients
+// from w (left in st.ws for the next expand) and
+// x = norm_weight * rmsnorm(sum_j pre_j h_j) (raw collapse when norm_weight is null).
+// head: the final collapse (w = the model's hc_head; pre only).
+//   h: [first + T, hc, D]; a: [first + T, D] or null; x: [T, D].
+Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
+                   int64_t T, bool head, const float* norm_weight, float* x);
+
 // Attention of layer l over x: [T, D] (after attn_norm) at positions
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
 // pos0 must equal the number of positions this layer has been fed.

@@ -14,9 +14,25 @@ DecodeGraph::~DecodeGraph() {
 }
 
 void DecodeGraph::clear() {
-  if (exec_) cudaGraphExecDestroy(exec_);
-  exec_ = nullptr;
-  key_ = {};
+  for (Captured& c : graphs_) cudaGraphExecDestroy(c.exec);
+  graphs_.clear();
+  warmed_.clear();
+}
+
+cudaGraphExec_t DecodeGraph::find(const DecodeGraphKey& key) const {
+  for (const Captured& c : graphs_)
+    if (c.key == key) return c.exec;
+  return nullptr;
+}
+
+bool DecodeGraph::warmed_for(const DecodeGraphKey& key) const {
+  for (const DecodeGraphKey& k : warmed_)
+    if (k == key) return true;
+  return false;
+}
+
+void DecodeGraph::mark_warmed(const DecodeGraphKey& key) {
+  if (!warmed_for(key)) warmed_.push_back(key);
 }
 
 Status DecodeGraph::prepare(int64_t vocab) {
@@ -38,16 +54,14 @@ Status DecodeGraph::prepare(int64_t vocab) {
 }
 
 Status DecodeGraph::finish_capture(cudaStream_t stream, const DecodeGraphKey& key) {
-  clear();
   cudaGraph_t graph = nullptr;
   AFF_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
-  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  if (e != cudaSuccess) {
-    exec_ = nullptr;
+  if (e != cudaSuccess)
     return internal_error(std::string("decode graph: instantiation failed: ") + cudaGetErrorString(e));
-  }
-  key_ = key;
+  graphs_.push_back({key, exec});
   return Status::ok();
 }
 
@@ -57,8 +71,10 @@ void DecodeGraph::abandon_capture(cudaStream_t stream) {
   cudaGetLastError();  // the failed capture's sticky-free error is consumed here
 }
 
-Status DecodeGraph::launch(cudaStream_t stream) const {
-  AFF_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+Status DecodeGraph::launch(cudaStream_t stream, const DecodeGraphKey& key) const {
+  cudaGraphExec_t exec = find(key);
+  if (!exec) return internal_error("decode graph: no capture for these options");
+  AFF_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
   return Status::ok();
 }
 

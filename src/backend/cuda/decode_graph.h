@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "affinity/status.h"
 #include "backend/cuda/runtime/step_info.h"
@@ -44,17 +45,27 @@ class DecodeGraph {
   DecodeIo* io() const { return io_; }
   float* logits() const { return logits_; }
 
-  bool ready_for(const DecodeGraphKey& key) const { return exec_ != nullptr && key == key_; }
+  bool ready_for(const DecodeGraphKey& key) const { return find(key) != nullptr; }
+  // A path is captured only after it has run once launch by launch, so that
+  // lazy one-time set-up (tables, library handles, kernel attributes), which
+  // may not happen inside a capture, is done by then.
+  bool warmed_for(const DecodeGraphKey& key) const;
+  void mark_warmed(const DecodeGraphKey& key);
   // Ends a capture begun on `stream` and instantiates it for `key`.
   Status finish_capture(cudaStream_t stream, const DecodeGraphKey& key);
   // Abandons a capture that failed part-way (the stream is usable again).
   static void abandon_capture(cudaStream_t stream);
-  Status launch(cudaStream_t stream) const;
+  Status launch(cudaStream_t stream, const DecodeGraphKey& key) const;
   void clear();
 
  private:
-  cudaGraphExec_t exec_ = nullptr;
-  DecodeGraphKey key_;
+  struct Captured {
+    DecodeGraphKey key;
+    cudaGraphExec_t exec = nullptr;
+  };
+  cudaGraphExec_t find(const DecodeGraphKey& key) const;
+  std::vector<Captured> graphs_;       // one per key seen (greedy and logits steps, typically)
+  std::vector<DecodeGraphKey> warmed_;
   DecodeIo* io_ = nullptr;
   float* logits_ = nullptr;
   int64_t vocab_ = 0;

@@ -84,6 +84,8 @@ struct Workspace {
   DeviceBuffer z;                       // [T, hc*D] normed streams (mHC mixes)
   DeviceBuffer mix;                     // [T, (2+hc)*hc]
   DeviceBuffer pre, post, comb;         // [T, hc], [T, hc], [T, hc, hc]
+  DeviceBuffer hc_partials;             // [T, hc_fused_blocks(D), (2+hc)*hc + 1] fused mHC partial sums
+  DeviceBuffer hc_tickets;              // u32 [T], zero between launches
   DeviceBuffer qr;                      // [T, q_lora_rank]
   DeviceBuffer q, o;                    // [T, H, Dh]
   DeviceBuffer kv;                      // [T, Dh]

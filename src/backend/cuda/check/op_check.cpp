@@ -294,6 +294,7 @@ class Checker {
     for (int64_t T : chunks) {
       std::vector<float> want(size_t(T * D));
       dsv4::attention_forward(cfg_, lw.attn, l, *cpu, cpu->layers[size_t(l)], x.data() + pos * D, T, pos, want.data());
+      AFF_RETURN_IF_ERROR(gpu_begin_chunk(*gpu, pos, T));
       AFF_RETURN_IF_ERROR(gpu_attention(dev_, l, *gpu, dx.as<float>() + pos * D, T, pos, dy.as<float>()));
       AFF_RETURN_IF_ERROR(gpu->stream.synchronize());
       AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * D));

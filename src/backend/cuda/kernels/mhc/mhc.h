@@ -37,4 +37,41 @@ Status hc_collapse(const float* h, const float* pre, int64_t T, int hc, int64_t 
 Status hc_expand(float* h, const float* a, const float* post, const float* comb, int64_t T, int hc,
                  int64_t D, cudaStream_t stream);
 
+// One mHC site in one launch (the decode path's replacement for expand +
+// rmsnorm + mixes GEMV + coefficients + collapse + sublayer norm):
+//   1. if `a` is set, expand the previous sublayer's output into h in place
+//      (h[k] <- post_prev[k] * a + sum_j comb_prev[j][k] * h[j]);
+//   2. m = fn . rmsnorm_unweighted(flatten(h))  (dot first, scaled by the
+//      norm after: the same sums, reassociated);
+//   3. coefficients (pre, and post/comb for a site);
+//   4. x = rmsnorm(sum_j pre[j] h[j]) * x_norm.
+// Steps 1-2 are spread over blocks of channels; the last block of each token
+// to finish (ticket counter) reduces the partial sums in block order (so the
+// result does not depend on scheduling) and does 3-4.
+struct HcFusedArgs {
+  float* h = nullptr;              // [T, hc, D] streams, updated in place when `a` is set
+  const float* a = nullptr;        // [T, D] previous sublayer output, or null (no expand)
+  const uint8_t* fn = nullptr;     // [n_mix, hc*D] mixes matrix (f32, bf16 or f16)
+  int fn_dtype = 0;                // 0 f32, 1 bf16, 2 f16
+  const float* base = nullptr;     // [n_mix]
+  const float* scale = nullptr;    // [3] (site) or [1] (head)
+  int64_t T = 0;
+  int hc = 4;
+  int64_t D = 0;
+  bool head = false;               // final collapse: pre only
+  int sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;          // rms_norm_eps (flatten norm and x's norm)
+  float* post = nullptr;           // [T, hc]      in: previous site's (if a); out: this site's
+  float* comb = nullptr;           // [T, hc, hc]  likewise
+  float* pre = nullptr;            // [T, hc] out
+  const float* x_norm = nullptr;   // [D] weight of x's rmsnorm, or null (x is then the raw collapse)
+  float* x = nullptr;              // [T, D] out
+  float* partials = nullptr;       // scratch [T, hc_fused_blocks(D), n_mix + 1]
+  unsigned* tickets = nullptr;     // [T] zero before the first launch; left zero after each
+};
+
+int hc_fused_blocks(int64_t D);
+Status hc_fused(const HcFusedArgs& a, cudaStream_t stream);
+
 }  // namespace aff::cuda

@@ -28,4 +28,28 @@ struct RopeArgs {
 
 Status rope_f32(const RopeArgs& a, cudaStream_t stream);
 
+// The attention inputs' last step in one launch: per part, rows of `len`
+// floats, `rows_per_token` rows per chunk token (heads), optionally rmsnorm'd
+// (times norm_weight when set), then RoPE on the trailing rope_dim dims at the
+// token's position StepInfo.pos0 + t.
+struct QkvPart {
+  float* x = nullptr;                // [T, rows_per_token, len], in place
+  int rows_per_token = 1;
+  int len = 0;                       // <= 1024
+  bool norm = false;
+  const float* norm_weight = nullptr;  // [len] or null
+  const float* inv_freq = nullptr;   // [rope_dim/2] device
+};
+
+struct QkvFinishArgs {
+  QkvPart parts[3];                  // e.g. queries [T, H, Dh], KV latents [T, 1, Dh], indexer queries
+  int n_parts = 0;
+  const StepInfo* step = nullptr;
+  int64_t T = 0;
+  int rope_dim = 0;
+  float eps = 1e-6f;
+};
+
+Status qkv_finish(const QkvFinishArgs& a, cudaStream_t stream);
+
 }  // namespace aff::cuda

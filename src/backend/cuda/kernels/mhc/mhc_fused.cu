@@ -1,0 +1,167 @@
+// hc_fused_f32_sm90: grid (channel blocks, T), kThreads threads, one channel d
+// per thread covering all hc streams; see mhc.h for the four steps.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace aff::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+
+__device__ __forceinline__ float fn_at(const HcFusedArgs& a, int64_t i) {
+  switch (a.fn_dtype) {
+    case 1: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.fn)[i]);
+    case 2: return __half2float(reinterpret_cast<const __half*>(a.fn)[i]);
+    default: return reinterpret_cast<const float*>(a.fn)[i];
+  }
+}
+
+// Sum over the block of v (every thread gets the total).
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += red[w];
+  return total;
+}
+
+template <int HC>
+__global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
+  __shared__ float red[kThreads / 32];
+  __shared__ float coef[kMaxMix];
+  __shared__ bool last;
+  const int64_t t = blockIdx.y;
+  const int64_t D = a.D, width = HC * D;
+  const int n_mix = a.head ? HC : (2 + HC) * HC;
+  const int nb = gridDim.x;
+  float* h = a.h + t * width;
+  const int64_t d = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+
+  // 1. expand (this thread owns channel d of every stream: no other block touches it).
+  float v[HC];
+  if (d < D) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) v[j] = h[j * D + d];
+    if (a.a) {
+      const float av = a.a[t * D + d];
+      const float* post = a.post + t * HC;
+      const float* comb = a.comb + t * HC * HC;
+      float nv[HC];
+#pragma unroll
+      for (int k = 0; k < HC; ++k) {
+        float o = post[k] * av;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) o = fmaf(comb[j * HC + k], v[j], o);
+        nv[k] = o;
+      }
+#pragma unroll
+      for (int k = 0; k < HC; ++k) {
+        v[k] = nv[k];
+        h[k * D + d] = nv[k];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) v[j] = 0.0f;
+  }
+
+  // 2. partial dots of every mix row with this block's channels, and the sum of squares.
+  float* part = a.partials + (t * nb + blockIdx.x) * (n_mix + 1);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) ss = fmaf(v[j], v[j], ss);
+  ss = block_sum(ss, red);
+  if (threadIdx.x == 0) part[n_mix] = ss;
+  // Each warp reduces its rows' partial dots; then one pass over the warps.
+  __shared__ float wsum[kThreads / 32][kMaxMix];
+  for (int r = 0; r < n_mix; ++r) {
+    float p = 0.0f;
+    if (d < D) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) p = fmaf(fn_at(a, int64_t(r) * width + j * D + d), v[j], p);
+    }
+    p = warp_sum(p);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5][r] = p;
+  }
+  __syncthreads();
+  if (threadIdx.x < n_mix) {
+    float p = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) p += wsum[w][threadIdx.x];
+    part[threadIdx.x] = p;
+  }
+
+  // Publish the partials (and the expanded h), then take a ticket.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.tickets + t, 1u) == unsigned(nb - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+
+  // 3. reduce in block order, coefficients.
+  if (threadIdx.x <= n_mix) {
+    float s = 0.0f;
+    for (int b = 0; b < nb; ++b) s += __ldcg(a.partials + (t * nb + b) * (n_mix + 1) + threadIdx.x);
+    coef[threadIdx.x] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float inv = 1.0f / sqrtf(coef[n_mix] / float(width) + a.norm_eps);
+    float m[kMaxMix];
+    for (int r = 0; r < n_mix; ++r) m[r] = coef[r] * inv;
+    float pre[HC], post[HC], comb[HC * HC];
+    hc_coefficients(m, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, pre, post, comb);
+    for (int j = 0; j < HC; ++j) coef[j] = pre[j], a.pre[t * HC + j] = pre[j];
+    if (!a.head) {
+      for (int j = 0; j < HC; ++j) a.post[t * HC + j] = post[j];
+      for (int i = 0; i < HC * HC; ++i) a.comb[t * HC * HC + i] = comb[i];
+    }
+    a.tickets[t] = 0;  // ready for the next launch (graph replays reuse it)
+  }
+  __syncthreads();
+
+  // 4. collapse and the sublayer's rmsnorm.
+  float* x = a.x + t * D;
+  float xs = 0.0f;
+  for (int64_t c = threadIdx.x; c < D; c += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) s = fmaf(coef[j], __ldcg(h + j * D + c), s);
+    x[c] = s;
+    xs = fmaf(s, s, xs);
+  }
+  if (!a.x_norm) return;
+  xs = block_sum(xs, red);
+  const float inv = 1.0f / sqrtf(xs / float(D) + a.norm_eps);
+  for (int64_t c = threadIdx.x; c < D; c += kThreads) x[c] = a.x_norm[c] * (x[c] * inv);
+}
+
+}  // namespace
+
+int hc_fused_blocks(int64_t D) { return int((D + kThreads - 1) / kThreads); }
+
+Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
+  if (a.T == 0) return Status::ok();
+  if (a.T > 65535) return internal_error("hc_fused: too many tokens in one launch");
+  const dim3 grid(unsigned(hc_fused_blocks(a.D)), unsigned(a.T));
+  switch (a.hc) {
+    case 1: hc_fused_f32_sm90<1><<<grid, kThreads, 0, stream>>>(a); break;
+    case 2: hc_fused_f32_sm90<2><<<grid, kThreads, 0, stream>>>(a); break;
+    case 4: hc_fused_f32_sm90<4><<<grid, kThreads, 0, stream>>>(a); break;
+    case 8: hc_fused_f32_sm90<8><<<grid, kThreads, 0, stream>>>(a); break;
+    default: return unsupported("mHC: hc_mult " + std::to_string(a.hc) + " is not supported by the fused kernel");
+  }
+  return launch_status("hc_fused_f32_sm90");
+}
+
+}  // namespace aff::cuda
