@@ -58,7 +58,8 @@ struct KeySet {
   int64_t pos0, win_start, n_win, n_keys;
 };
 
-__device__ __forceinline__ KeySet key_set(const AttentionArgs& a, int64_t pos0, int64_t t) {
+// sel_n: the query's selected count (kSelected), loaded by the caller early.
+__device__ __forceinline__ KeySet key_set(const AttentionArgs& a, int64_t pos0, int64_t t, int64_t sel_n) {
   KeySet k;
   const int64_t pos = pos0 + t;
   k.pos0 = pos0;
@@ -69,7 +70,7 @@ __device__ __forceinline__ KeySet key_set(const AttentionArgs& a, int64_t pos0, 
     n_comp = visible_entries(pos, a.ratio);
     if (n_comp > a.entry_capacity) n_comp = a.entry_capacity;
   } else if (a.mode == AttnEntries::kSelected) {
-    n_comp = a.sel_count[t];
+    n_comp = sel_n;
   }
   k.n_keys = k.n_win + n_comp;
   return k;
@@ -125,25 +126,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
   const int split = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int h0 = blockIdx.z * kRows;
-  const StepInfo step = *a.step;
-  if (t >= step.T) return;
-  const KeySet ks = key_set(a, step.pos0, t);
-  const int64_t k_begin = int64_t(split) * keys_per_split;
-  const int64_t k_end = ks.n_keys < k_begin + keys_per_split ? ks.n_keys : k_begin + keys_per_split;
   const int n_heads = a.H - h0 < kRows ? a.H - h0 : kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-
-  if (k_begin >= k_end) {  // a split past this query's keys (only when splits > 1)
-    if (threadIdx.x < n_heads) {
-      float* ml = partial_ml(a, splits, t, split, h0 + threadIdx.x);
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
-    return;
-  }
-
-  {  // Q: all loads of a batch in flight before any conversion (the loop is latency bound otherwise)
+  // The step, the selected count and Q do not depend on each other: their
+  // loads are all issued before any is waited on (decode is latency bound).
+  const StepInfo step = *a.step;
+  const int64_t sel_n = a.mode == AttnEntries::kSelected ? a.sel_count[t] : 0;
+  {  // Q (rows of query t < a.T, valid whatever the step): batched loads
     constexpr int kIters = kRows * DP / 4 / kThreads, kBatch = batch_of(kIters);
 #pragma unroll
     for (int b = 0; b < kIters; b += kBatch) {
@@ -161,6 +151,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
       }
     }
   }
+  if (t >= step.T) return;
+  const KeySet ks = key_set(a, step.pos0, t, sel_n);
+  const int64_t k_begin = int64_t(split) * keys_per_split;
+  const int64_t k_end = ks.n_keys < k_begin + keys_per_split ? ks.n_keys : k_begin + keys_per_split;
+
+  if (k_begin >= k_end) {  // a split past this query's keys (only when splits > 1)
+    if (threadIdx.x < n_heads) {
+      float* ml = partial_ml(a, splits, t, split, h0 + threadIdx.x);
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
   if (threadIdx.x < kRows) {
     row_m[threadIdx.x] = -INFINITY;
     row_l[threadIdx.x] = 0.0f;
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(Attent
   __shared__ float s_inv;
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
-  if (t >= a.step->T) return;
+  const int64_t T_now = a.step->T;  // checked after the partials' loads are issued
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) {  // warp 0: splits lane, lane + 32
     const float sink = a.sinks[h];
@@ -370,6 +374,7 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(Attent
     den = warp_sum(den) + expf(sink - big);
     if (lane == 0) s_inv = 1.0f / den;
   }
+  if (t >= T_now) return;  // uniform over the block
   __syncthreads();
   const float inv = s_inv;
   constexpr int kUnroll = 8;
