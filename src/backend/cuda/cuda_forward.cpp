@@ -8,7 +8,9 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/norm/norm.h"
+#include "backend/cuda/linear.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/profile.h"
 #include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
@@ -47,14 +49,18 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
   float* h = ws.h.as<float>();
   float* x = ws.x.as<float>();
   float* y = ws.y.as<float>();
+  prof_mark(s, "start");
   AFF_RETURN_IF_ERROR(embed_rows(model.embed, model.embed_format, ws.tokens.as<int32_t>(), T, D, cfg.hc_mult, h, s));
+  prof_mark(s, "embed");
   // Each mHC site also applies the previous sublayer's hc_post (y into h): the
   // last layer's is applied by the head (run_head), so y must survive until then.
   for (int l = 0; l < n_layers; ++l) {
     const DeviceLayer& lw = model.layers[size_t(l)];
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x));
+    prof_mark(s, "mhc");
     AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y));
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_ffn, st, h, y, 0, T, false, lw.ffn_norm, x));
+    prof_mark(s, "mhc");
     AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
   }
   return Status::ok();
@@ -81,7 +87,10 @@ Status run_head(const DeviceModel& model, GpuState& st, int n_layers, int64_t fi
   float* x = st.ws.x.as<float>();
   AFF_RETURN_IF_ERROR(gpu_hc_site(model, model.hc_head, st, st.ws.h.as<float>(),
                                   n_layers > 0 ? st.ws.y.as<float>() : nullptr, first, n_out, true, model.norm, x));
-  return gemv_f32(model.head, x, n_out, st.ws.logits.as<float>(), st.stream.get());
+  prof_mark(st.stream.get(), "head.mhc");
+  AFF_RETURN_IF_ERROR(linear(model.head, x, n_out, st.ws.logits.as<float>(), st.stream.get()));
+  prof_mark(st.stream.get(), "head.gemv");
+  return Status::ok();
 }
 
 // The whole decode step for one token as enqueued work: inputs from the
@@ -121,7 +130,7 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
   g.io()->step = StepInfo{st.n_past, 1};
   g.io()->token = token;
   const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy};
-  if (!decode_graph_enabled() || (!g.ready_for(key) && !g.warmed_for(key))) {
+  if (!decode_graph_enabled() || profiling_enabled() || (!g.ready_for(key) && !g.warmed_for(key))) {
     AFF_RETURN_IF_ERROR(enqueue_decode(model, st, g, n_layers, opts, greedy));
     g.mark_warmed(key);
   } else {
@@ -137,6 +146,7 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
     AFF_RETURN_IF_ERROR(g.launch(s, key));
   }
   AFF_RETURN_IF_ERROR(st.stream.synchronize());
+  prof_step_end(s);
   st.n_past += 1;
   return Status::ok();
 }

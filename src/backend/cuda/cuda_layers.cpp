@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/profile.h"
 #include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
@@ -203,9 +204,12 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   float* q = ws.q.as<float>();
   float* kv = ws.kv.as<float>();
   AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
+  prof_mark(s, "attn.wq_a");
   AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
   AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
+  prof_mark(s, "attn.q_norm+wq_b");
   AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
+  prof_mark(s, "attn.wkv");
   {  // per-head query norm, KV norm, and RoPE on both, in one launch
     QkvFinishArgs f;
     const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
@@ -213,18 +217,21 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
     AFF_RETURN_IF_ERROR(qkv_finish(f, s));
+    prof_mark(s, "attn.qkv_finish");
   }
 
   AttentionArgs a;
   if (compressed) {
     if (!w.compressor.present) return internal_error("attention: compressed layer without a compressor");
     AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0));
+    prof_mark(s, "attn.compressor");
     a.entries = ls.kv.entries.as<float>();
     a.entry_capacity = ls.kv.capacity;
     a.ratio = w.compressor.ratio;
     a.mode = AttnEntries::kVisible;
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(indexer_select(m, w.indexer, ls, st, x, qr, T, pos0));
+      prof_mark(s, "attn.indexer");
       a.mode = AttnEntries::kSelected;
       a.sel = ws.sel.as<int32_t>(), a.sel_count = ws.sel_count.as<int32_t>(), a.sel_ld = c.index_topk;
     }
@@ -236,6 +243,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // Key-split partials borrow the MoE pair outputs, which are dead until gpu_moe.
   a.scratch = ws.y_pairs.as<float>(), a.scratch_floats = int64_t(ws.y_pairs.bytes() / sizeof(float));
   AFF_RETURN_IF_ERROR(attention_sparse(a, s));
+  prof_mark(s, "attn.core");
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
   RingStoreArgs rs;
@@ -247,6 +255,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // V carried RoPE on its tail: rotate back by the query's angle.
   float* o = ws.o.as<float>();
   AFF_RETURN_IF_ERROR(rope_f32(rope_rows(o, T * H, Dh, st, compressed, rd, H, true), s));
+  prof_mark(s, "attn.ring+unrope");
 
   // Grouped low-rank output: group g's heads through rows [g*R, (g+1)*R) of wo_a.
   const int G = c.o_groups;
@@ -256,7 +265,10 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   for (int g = 0; g < G; ++g)
     AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
                                       u + g * R, G * R, s));
-  return linear(w.wo_b, u, T, out, s);
+  prof_mark(s, "attn.wo_a");
+  AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
+  prof_mark(s, "attn.wo_b");
+  return Status::ok();
 }
 
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
@@ -280,6 +292,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     r.scaling = float(c.routed_scaling_factor);
     r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
     AFF_RETURN_IF_ERROR(router_topk(r, s));
+    prof_mark(s, "moe.router");
   }
   // Decode-sized batches: every routed pair and the shared expert in one up and
   // one down launch, the combine folded into the down launch.
@@ -294,7 +307,10 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   if (T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
       moe_decode_act_bytes(d) <= int64_t(ws.act.bytes())) {
     AFF_RETURN_IF_ERROR(moe_decode_up(d, s));
-    return moe_decode_down(d, s);
+    prof_mark(s, "moe.up");
+    AFF_RETURN_IF_ERROR(moe_decode_down(d, s));
+    prof_mark(s, "moe.down");
+    return Status::ok();
   }
   if (!no_routed) {
     ExpertFfnArgs e;
