@@ -289,8 +289,9 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.pre, T * hc, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.post, T * hc, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.comb, T * hc * hc, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.hc_partials, T * hc_fused_blocks(D) * ((2 + hc) * hc + 1), 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.hc_tickets, T, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(
+      alloc(w.hc_partials, T * hc_fused_blocks(D) * ((2 + hc) * hc + 1 + hc * (hc + 1) / 2), 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.hc_tickets, 2 * T, 4, "workspace"));
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.hc_tickets.data(), 0, w.hc_tickets.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.qr, T * c.q_lora_rank, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));

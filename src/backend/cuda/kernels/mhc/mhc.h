@@ -67,10 +67,13 @@ struct HcFusedArgs {
   float* pre = nullptr;            // [T, hc] out
   const float* x_norm = nullptr;   // [D] weight of x's rmsnorm, or null (x is then the raw collapse)
   float* x = nullptr;              // [T, D] out
-  float* partials = nullptr;       // scratch [T, hc_fused_blocks(D), n_mix + 1]
-  unsigned* tickets = nullptr;     // [T] zero before the first launch; left zero after each
+  float* partials = nullptr;       // scratch [T, hc_fused_blocks(D), n_mix + 1 + hc*(hc+1)/2]
+  unsigned* tickets = nullptr;     // [2*T] zero before the first launch; left zero after each
 };
 
+// Up to this many tokens (hc 4) a launch uses the decode variant: all blocks
+// of a token resident at once, meeting at one barrier.
+constexpr int64_t kHcSmallT = 8;
 int hc_fused_blocks(int64_t D);
 Status hc_fused(const HcFusedArgs& a, cudaStream_t stream);
 

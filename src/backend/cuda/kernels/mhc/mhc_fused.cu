@@ -146,6 +146,145 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   for (int64_t c = threadIdx.x; c < D; c += kThreads) x[c] = a.x_norm[c] * (x[c] * inv);
 }
 
+
+// Decode variant (T <= kSmallT): every block of a token meets at a barrier
+// instead of leaving the tail to the last block, so the collapse and norm
+// stay spread over all blocks. x's norm comes from the Gram matrix of the
+// streams (|sum_j pre_j h_j|^2 = sum_jk pre_j pre_k <h_j, h_k>), whose partial
+// sums ride along with the mixes', so one barrier is enough. The grid
+// (kSmallBlocks x T blocks of kThreads) always fits on the GPU at once, which
+// the barrier needs. All fn loads of a thread are issued before any is used.
+constexpr int kSmallThreads = 128;
+
+template <int HC, int NMIX>
+__global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFusedArgs a) {
+  constexpr int kGram = HC * (HC + 1) / 2;
+  constexpr int kVals = NMIX + kGram;
+  constexpr int kWarps = kSmallThreads / 32;
+  __shared__ float wsum[kWarps][kVals];
+  __shared__ float tot[kVals];
+  __shared__ float coef[HC];
+  const int64_t t = blockIdx.y;
+  const int64_t D = a.D, width = HC * D;
+  const int nb = gridDim.x;
+  float* h = a.h + t * width;
+  const int64_t d = int64_t(blockIdx.x) * kSmallThreads + threadIdx.x;
+  const bool live = d < D;
+
+  float v[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) v[j] = live ? h[j * D + d] : 0.0f;
+  if (a.a && live) {
+    const float av = a.a[t * D + d];
+    const float* post = a.post + t * HC;
+    const float* comb = a.comb + t * HC * HC;
+    float nv[HC];
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      float o = post[k] * av;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) o = fmaf(comb[j * HC + k], v[j], o);
+      nv[k] = o;
+    }
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      v[k] = nv[k];
+      h[k * D + d] = nv[k];
+    }
+  }
+
+  float f[NMIX][HC];
+#pragma unroll
+  for (int r = 0; r < NMIX; ++r)
+#pragma unroll
+    for (int j = 0; j < HC; ++j) f[r][j] = live ? fn_at(a, int64_t(r) * width + j * D + d) : 0.0f;
+  float vals[kVals];
+#pragma unroll
+  for (int r = 0; r < NMIX; ++r) {
+    float p = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) p = fmaf(f[r][j], v[j], p);
+    vals[r] = p;
+  }
+  {
+    int g = NMIX;
+#pragma unroll
+    for (int j = 0; j < HC; ++j)
+#pragma unroll
+      for (int k = j; k < HC; ++k) vals[g++] = v[j] * v[k];
+  }
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) {
+    const float w = warp_sum(vals[i]);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5][i] = w;
+  }
+  __syncthreads();
+  float* part = a.partials + (t * nb + blockIdx.x) * kVals;
+  if (threadIdx.x < kVals) {
+    float p = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) p += wsum[w][threadIdx.x];
+    part[threadIdx.x] = p;
+  }
+
+  // Barrier over the token's blocks: arrive, wait, and the last to leave resets.
+  __threadfence();
+  __syncthreads();
+  unsigned* arrive = a.tickets + 2 * t;
+  unsigned* depart = arrive + 1;
+  if (threadIdx.x == 0) {
+    atomicAdd(arrive, 1u);
+    while (atomicAdd(arrive, 0u) < unsigned(nb)) {
+    }
+  }
+  __syncthreads();
+  __threadfence();
+
+  // Every block reduces the partials in block order (the same sums in every block).
+  if (threadIdx.x < kVals) {
+    float p = 0.0f;
+    for (int b = 0; b < nb; ++b) p += __ldcg(a.partials + (t * nb + b) * kVals + threadIdx.x);
+    tot[threadIdx.x] = p;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (atomicAdd(depart, 1u) == unsigned(nb - 1)) *arrive = 0, *depart = 0;
+    float ss = 0.0f;
+    {
+      int g = NMIX;
+      for (int j = 0; j < HC; ++j)
+        for (int k = j; k < HC; ++k, ++g)
+          if (j == k) ss += tot[g];
+    }
+    const float inv = 1.0f / sqrtf(ss / float(width) + a.norm_eps);
+    float m[NMIX];
+    for (int r = 0; r < NMIX; ++r) m[r] = tot[r] * inv;
+    float pre[HC], post[HC], comb[HC * HC];
+    hc_coefficients(m, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, pre, post, comb);
+    for (int j = 0; j < HC; ++j) coef[j] = pre[j];
+    if (blockIdx.x == 0) {
+      for (int j = 0; j < HC; ++j) a.pre[t * HC + j] = pre[j];
+      if (!a.head) {
+        for (int j = 0; j < HC; ++j) a.post[t * HC + j] = post[j];
+        for (int i = 0; i < HC * HC; ++i) a.comb[t * HC * HC + i] = comb[i];
+      }
+    }
+    // |x|^2 from the Gram matrix, kept in tot[0] for the block.
+    float xx = 0.0f;
+    int g = NMIX;
+    for (int j = 0; j < HC; ++j)
+      for (int k = j; k < HC; ++k, ++g) xx += (j == k ? 1.0f : 2.0f) * pre[j] * pre[k] * tot[g];
+    tot[0] = xx;
+  }
+  __syncthreads();
+  if (!live) return;
+  float x = 0.0f;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) x = fmaf(coef[j], v[j], x);
+  if (a.x_norm) x = a.x_norm[d] * (x * (1.0f / sqrtf(fmaxf(tot[0], 0.0f) / float(D) + a.norm_eps)));
+  a.x[t * D + d] = x;
+}
+
 }  // namespace
 
 int hc_fused_blocks(int64_t D) { return int((D + kThreads - 1) / kThreads); }
@@ -153,6 +292,14 @@ int hc_fused_blocks(int64_t D) { return int((D + kThreads - 1) / kThreads); }
 Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
   if (a.T == 0) return Status::ok();
   if (a.T > 65535) return internal_error("hc_fused: too many tokens in one launch");
+  if (a.T <= kHcSmallT && a.hc == 4) {
+    const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
+    if (a.head)
+      hc_fused_small_f32_sm90<4, 4><<<grid, kSmallThreads, 0, stream>>>(a);
+    else
+      hc_fused_small_f32_sm90<4, 24><<<grid, kSmallThreads, 0, stream>>>(a);
+    return launch_status("hc_fused_small_f32_sm90");
+  }
   const dim3 grid(unsigned(hc_fused_blocks(a.D)), unsigned(a.T));
   switch (a.hc) {
     case 1: hc_fused_f32_sm90<1><<<grid, kThreads, 0, stream>>>(a); break;
