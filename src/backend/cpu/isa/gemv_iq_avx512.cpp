@@ -3,20 +3,25 @@
 // 32-input groups, so a group's scale sits in fixed lanes 2g, 2g+1 of every step and is
 // applied once per super-block in f32 instead of once per step).
 //
-// Needs AVX-512 VBMI and BITALG besides VNNI: the grid rows are decoded with byte permutes
-// (vpermb, vpermi2b) and per-byte bit-field extraction (vpmultishiftqb) instead of
-// scalar table loads and inserts, which on Intel cores all queue for one shuffle port.
+// Needs AVX-512 VBMI, BITALG and GFNI besides VNNI: the grid rows are decoded with byte
+// permutes (vpermb, vpermi2b) and an 8x8 bit transpose (gf2p8affineqb) instead of scalar
+// table loads and inserts, which on Intel cores all queue for one shuffle port. (Every
+// CPU with VBMI + BITALG, Ice Lake and Zen 4 onwards, also has GFNI.)
 //
-// IQ2_XXS (the DeepSeek-V4 q2 expert format) is fully in registers:
-//   - the 256-entry grid of 8 magnitudes in {8, 25, 43} is held as two 256-byte tables of
-//     2-bit codes (elements 0-3, elements 4-7); four vpermi2b look up all 32 rows of a
-//     super-block at once and leave row (g, k)'s 16-bit code in word k of qword g;
-//   - one vpmultishiftqb per step pulls each element's 2-bit code into its own byte and a
-//     64-entry vpermb maps it to the magnitude;
-//   - the 7-bit sign indices become sign bytes through a 128-entry vpermi2b (the parity bit
-//     included), and each step's 64-bit mask comes from them by one vpshufbitqmb (BITALG).
-// The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through iq_decode.h
-// in gemv_avx512.cpp instead (VNNI only, natural activation order).
+// IQ2_XXS (the DeepSeek-V4 q2 expert format) is decoded with its signs folded into the
+// weight lookup, so a 64-weight step costs one vpermb and one vpdpbusd:
+//   - each grid row's eight magnitudes in {8, 25, 43} become a 2-bit code; two 256-byte
+//     tables give the row's code bit planes (bit j of plane p: bit p of element j's code),
+//     and a 128-byte table its sign byte (bit j: element j negative, parity included);
+//   - for two rows (g, 2h), (g, 2h+1) the six plane/sign bytes go into qword g of one
+//     register, and one gf2p8affineqb transposes every qword as an 8x8 bit matrix: byte j
+//     then holds element j's (code, sign) of both rows, in bits 0-2 and 3-5;
+//   - a 64-entry vpermb maps those bits to the weight biased by 64 (64 ± magnitude, in
+//     [21, 107]), the unsigned operand of vpdpbusd; the bias adds 64 * (sum of a group's
+//     inputs), which the accumulator starts from with the opposite sign (from the
+//     activation's block sums), so no per-step sign or correction work remains.
+// The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through gathers in
+// gemv_iqgather_avx512.cpp instead (VNNI only, natural activation order).
 #include <cstdint>
 #include <cstring>
 
@@ -26,7 +31,7 @@
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,bmi2")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,gfni,bmi2")
 // GCC 12 flags the deliberately undefined upper halves inside its own intrinsics.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -42,66 +47,76 @@ using quant::BlockIq2Xxs;
 
 // Code of an IQ2 magnitude byte: 8 -> 0, 25 -> 1, 43 -> 2.
 constexpr uint8_t iq2_code(uint8_t m) { return m == 8 ? 0 : m == 25 ? 1 : 2; }
+constexpr uint8_t iq2_mag(int code) { return code == 0 ? 8 : code == 1 ? 25 : 43; }
+
+// The bias added to every weight so that it is the unsigned vpdpbusd operand.
+constexpr int kIq2Bias = 64;
 
 // Compile-time tables and permute controls (constexpr, so no static initialiser runs
-// code compiled for this TU's ISA on a CPU that lacks it).
+// code compiled for this TU's ISA on a CPU that lacks it). Rows of a pair of super-
+// blocks are numbered r = 32s + 4g + k (block s, group g, row k of the group).
 struct Iq2XxsTables {
-  uint8_t code_lo[256] = {};  // row i: codes of elements 0-3 at bits 0,2,4,6
-  uint8_t code_hi[256] = {};  // row i: codes of elements 4-7
-  uint8_t signs[128] = {};    // 7-bit sign index -> sign byte (bit j: element j negative)
-  uint8_t mag[64] = {};       // vpermb table: low 2 bits of the index -> magnitude
-  // Byte 8g+2k+e (e = 0, 1) <- byte 8g+k of the block: grid index of row (g, k), twice,
-  // so the code lookups leave row (g, k)'s lo/hi code bytes in word k of qword g.
-  uint8_t idx_ctrl[64] = {};
-  // Step k: byte j of each qword <- the 8 bits from 16k + 2j (element j's code at bit 0).
-  uint8_t shift_ctrl[4][64] = {};
+  uint8_t plane_lo[256] = {};  // grid row i: bit j = bit 0 of element j's code
+  uint8_t plane_hi[256] = {};  // grid row i: bit j = bit 1 of element j's code
+  uint8_t signs[128] = {};     // 7-bit sign index -> sign byte (bit j: element j negative)
+  // Byte r <- byte 8g+k of block s: the grid index of row r (also used for the sign
+  // indices extracted to the same positions).
+  uint8_t idx2_ctrl[64] = {};
   // Byte 8g+k (k < 4) <- bits 32+7k.. of qword g: the 7-bit sign index of row (g, k).
   uint8_t sign_field_ctrl[64] = {};
-  // Step k of block s of a pair: byte 8g+j <- bit 8(4s+k)+j of qword g of the sign bytes
-  // (vpshufbitqmb), i.e. bit j of row (g, k)'s sign byte: the step's negative weights.
-  uint8_t bit_ctrl[2][4][64] = {};
+  // rows_ctrl[s][h] (vpermi2b of plane_lo, plane_hi): qword g gets, from byte 7 down, the
+  // lo and hi planes of row (g, 2h) of block s, a hole for its sign byte, then the same
+  // for row (g, 2h+1); bytes 1 and 0 are padding. sign_ctrl[s][h] (vpermb of the sign
+  // bytes, merged into the holes at bytes 5 and 2).
+  uint8_t rows_ctrl[2][2][64] = {};
+  uint8_t sign_ctrl[2][2][64] = {};
+  // gf2p8affineqb operand: byte j of each qword = 1 << j, so that output byte j, bit b
+  // is bit j of input byte 7 - b (an 8x8 bit transpose).
+  uint8_t transpose_x[64] = {};
+  // After the transpose, byte j of qword g holds, for element j: bits 0-2 = (code bit 0,
+  // code bit 1, sign) of row (g, 2h), bits 3-5 the same of row (g, 2h+1). wtab[e] maps
+  // that byte to 64 ± magnitude of row 2h + e (vpermb: bits 6-7 ignored).
+  uint8_t wtab[2][64] = {};
   // Byte 4m <- bits 60.. of qword m/2: the group's 4-bit scale in the low bits of dword m.
   uint8_t scale_ctrl[64] = {};
-  float scale_f[16] = {};     // 4-bit scale s -> 2s+1
-  // Two blocks at once (block s = 0, 1 of a pair):
-  // idx2: byte 32s+4g+k <- byte 8g+k of block s (its grid index of row (g, k));
-  uint8_t idx2_ctrl[64] = {};
-  // code2[s]: byte 8g+2k <- lo code byte 32s+4g+k, byte 8g+2k+1 <- the hi code byte;
-  uint8_t code2_ctrl[2][64] = {};
-  // sign2: byte 8g+4s+k <- byte 8g+k of block s's extracted sign indices, so qword g of
-  // the looked-up sign bytes holds rows (g, 0..3) of both blocks.
-  uint8_t sign2_ctrl[64] = {};
+  float scale_f[16] = {};  // 4-bit scale s -> 2s+1
 
   constexpr Iq2XxsTables() {
     for (int i = 0; i < 256; ++i) {
       for (int j = 0; j < 8; ++j) {
         const uint8_t c = iq2_code(uint8_t(quant::kIq2xxsGrid[i] >> (8 * j)));
-        if (j < 4) code_lo[i] |= uint8_t(c << (2 * j));
-        else code_hi[i] |= uint8_t(c << (2 * (j - 4)));
+        plane_lo[i] |= uint8_t((c & 1) << j);
+        plane_hi[i] |= uint8_t((c >> 1) << j);
       }
     }
     for (int i = 0; i < 128; ++i) signs[i] = quant::kSignsIq2xs[i];
-    for (int i = 0; i < 64; ++i) mag[i] = (i & 3) == 0 ? 8 : (i & 3) == 1 ? 25 : 43;
-    for (int g = 0; g < 8; ++g) {
-      for (int k = 0; k < 4; ++k) {
-        idx_ctrl[8 * g + 2 * k] = idx_ctrl[8 * g + 2 * k + 1] = uint8_t(8 * g + k);
-        sign_field_ctrl[8 * g + k] = uint8_t(32 + 7 * k);
-        for (int bs = 0; bs < 2; ++bs) {
-          for (int j = 0; j < 8; ++j) bit_ctrl[bs][k][8 * g + j] = uint8_t(8 * (4 * bs + k) + j);
-        }
-      }
-      for (int j = 0; j < 8; ++j) {
-        for (int k = 0; k < 4; ++k) shift_ctrl[k][8 * g + j] = uint8_t(16 * k + 2 * j);
+    for (int s = 0; s < 2; ++s) {
+      for (int g = 0; g < 8; ++g) {
+        for (int k = 0; k < 4; ++k) idx2_ctrl[32 * s + 4 * g + k] = uint8_t(64 * s + 8 * g + k);
       }
     }
-    for (int bs = 0; bs < 2; ++bs) {
-      for (int g = 0; g < 8; ++g) {
-        for (int k = 0; k < 4; ++k) {
-          idx2_ctrl[32 * bs + 4 * g + k] = uint8_t(64 * bs + 8 * g + k);
-          code2_ctrl[bs][8 * g + 2 * k] = uint8_t(32 * bs + 4 * g + k);
-          code2_ctrl[bs][8 * g + 2 * k + 1] = uint8_t(64 + 32 * bs + 4 * g + k);
-          sign2_ctrl[8 * g + 4 * bs + k] = uint8_t(64 * bs + 8 * g + k);
+    for (int g = 0; g < 8; ++g) {
+      for (int k = 0; k < 4; ++k) sign_field_ctrl[8 * g + k] = uint8_t(32 + 7 * k);
+    }
+    for (int s = 0; s < 2; ++s) {
+      for (int h = 0; h < 2; ++h) {
+        for (int g = 0; g < 8; ++g) {
+          const int r0 = 32 * s + 4 * g + 2 * h, r1 = r0 + 1;
+          uint8_t* rc = rows_ctrl[s][h] + 8 * g;
+          uint8_t* sc = sign_ctrl[s][h] + 8 * g;
+          rc[7] = uint8_t(r0), rc[6] = uint8_t(64 + r0), rc[4] = uint8_t(r1), rc[3] = uint8_t(64 + r1);
+          sc[5] = uint8_t(r0), sc[2] = uint8_t(r1);
         }
+      }
+    }
+    for (int i = 0; i < 64; ++i) transpose_x[i] = uint8_t(1u << (i % 8));
+    for (int e = 0; e < 2; ++e) {
+      for (int i = 0; i < 64; ++i) {
+        const int f = i >> (3 * e);
+        const int code = f & 3, neg = (f >> 2) & 1;
+        // Code 3 never occurs in a grid row.
+        const int m = code == 3 ? 0 : iq2_mag(code);
+        wtab[e][i] = uint8_t(neg ? kIq2Bias - m : kIq2Bias + m);
       }
     }
     for (int m = 0; m < 16; ++m) scale_ctrl[4 * m] = 60;
@@ -112,12 +127,12 @@ constexpr Iq2XxsTables kIq2Xxs{};
 
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 
-// 64 bytes of 2-bit-coded lookups: byte i = table[idx byte i] for a 256-entry table
-// (four 64-byte registers; bit 7 of the index picks the upper pair).
-inline __m512i lookup256(__m512i idx, const uint8_t* table) {
+// 64 bytes of lookups: byte i = table[idx byte i] for a 256-entry table (four 64-byte
+// registers; bit 7 of the index picks the upper pair).
+inline __m512i lookup256(__m512i idx, __mmask64 upper, const uint8_t* table) {
   const __m512i lo = _mm512_permutex2var_epi8(load64(table), idx, load64(table + 64));
   const __m512i hi = _mm512_permutex2var_epi8(load64(table + 128), idx, load64(table + 192));
-  return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+  return _mm512_mask_blend_epi8(upper, lo, hi);
 }
 
 struct Iq2XxsDot {
@@ -125,32 +140,51 @@ struct Iq2XxsDot {
   using Act = ActQ8K;  // kQ8KT order
   static constexpr int64_t kElems = 256;
 
-  // One super-block's steps once its codes and sign masks are decoded:
-  //   code: qword g holds row (g, k)'s 16-bit code in word k;
-  //   signs: qword g holds the sign bytes of rows (g, 0..3) in bytes 4s .. 4s+3;
-  //   q: the block's 64 code bytes (for the scales).
-  // The step masks come straight from the sign bytes by vpshufbitqmb: no store and
-  // reload, whose failed store-to-load forward would serialise the blocks.
-  // acc[t] += sum over the block of w * x_t, in the same order whatever the caller.
-  template <int N>
-  static void block_steps(const Block& w, __m512i q, __m512i code, __m512i signs, int s, const Act* const* a,
-                          int64_t b, __m512* acc) {
+  // Decodes two super-blocks (q0, q1: their 64 code bytes; qword g of each: four grid
+  // indices, then four 7-bit sign indices and the 4-bit scale of group g) into
+  // rows[s][h]: qword g, byte j = element j's (code, sign) of rows (g, 2h), (g, 2h+1)
+  // of block s (see wtab).
+  static void decode_pair(__m512i q0, __m512i q1, __m512i rows[2][2]) {
     const Iq2XxsTables& T = kIq2Xxs;
-    const __m512i mag = load64(T.mag);
+    const __m512i idx2 = load64(T.idx2_ctrl);
+    const __m512i idx = _mm512_permutex2var_epi8(q0, idx2, q1);
+    const __mmask64 upper = _mm512_movepi8_mask(idx);
+    const __m512i lo = lookup256(idx, upper, T.plane_lo), hi = lookup256(idx, upper, T.plane_hi);
+    const __m512i field_ctrl = load64(T.sign_field_ctrl);
+    const __m512i fields = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(field_ctrl, q0), idx2,
+                                                    _mm512_multishift_epi64_epi8(field_ctrl, q1));
+    const __m512i signs = _mm512_permutex2var_epi8(load64(T.signs), fields, load64(T.signs + 64));
+    const __m512i tx = load64(T.transpose_x);
+    for (int s = 0; s < 2; ++s) {
+      for (int h = 0; h < 2; ++h) {
+        __m512i r = _mm512_permutex2var_epi8(lo, load64(T.rows_ctrl[s][h]), hi);
+        r = _mm512_mask_permutexvar_epi8(r, __mmask64(0x2424242424242424ull), load64(T.sign_ctrl[s][h]), signs);
+        rows[s][h] = _mm512_gf2p8affine_epi64_epi8(tx, r, 0);
+      }
+    }
+  }
+
+  // One super-block's four steps from its decoded rows (q: its 64 code bytes, for the
+  // scales). acc[t] += sum over the block of w * x_t, in the same order whatever N.
+  template <int N>
+  static void block_steps(const Block& w, __m512i q, const __m512i rows[2], const Act* const* a, int64_t b,
+                          __m512* acc) {
+    const Iq2XxsTables& T = kIq2Xxs;
     // Lanes 2g, 2g+1: (2 s_g + 1) * d / 8, the group's scale (ggml: d * (0.5 + s) / 4).
     const __m512 scale = _mm512_mul_ps(
         _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(load64(T.scale_ctrl), q), _mm512_loadu_ps(T.scale_f)),
         _mm512_set1_ps(f16(w.d) * 0.125f));
     __m512i sumi[N];
-    for (int t = 0; t < N; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int t = 0; t < N; ++t) {
+      // Start from -64 * (sum of group g's inputs) in lane 2g (lane 2g+1: 0; both lanes
+      // carry the same scale): the bias of the weights cancels exactly.
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+      sumi[t] = _mm512_cvtepu32_epi64(_mm256_madd_epi16(bs, _mm256_set1_epi16(-kIq2Bias)));
+    }
     for (int k = 0; k < 4; ++k) {
-      const __m512i wv = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(T.shift_ctrl[k]), code), mag);
-      const __mmask64 nk = _mm512_bitshuffle_epi64_mask(signs, load64(T.bit_ctrl[s][k]));
-      for (int t = 0; t < N; ++t) {
-        const __m512i x = load64(a[t][b].qs + 64 * k);
-        // |sum| over four steps <= 4*4*43*127 < 2^31.
-        sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, _mm512_mask_sub_epi8(x, nk, _mm512_setzero_si512(), x));
-      }
+      const __m512i wv = _mm512_permutexvar_epi8(rows[k >> 1], load64(T.wtab[k & 1]));
+      // |sum| over four steps <= 16*107*127 + 64*32*127 < 2^31.
+      for (int t = 0; t < N; ++t) sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, load64(a[t][b].qs + 64 * k));
     }
     for (int t = 0; t < N; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(a[t][b].d)), acc[t]);
@@ -159,36 +193,23 @@ struct Iq2XxsDot {
 
   template <int N>
   static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
-    const Iq2XxsTables& T = kIq2Xxs;
-    const __m512i sign_field_ctrl = load64(T.sign_field_ctrl);
     __m512 acc[N];
     for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
     int64_t b = 0;
     // Two super-blocks per iteration: their 64 grid indices fill one register, so each
-    // code-table permute does 64 useful lookups instead of 32.
+    // table permute does 64 useful lookups instead of 32.
     for (; b + 1 < nb; b += 2) {
       const __m512i q0 = load64(w[b].qs), q1 = load64(w[b + 1].qs);
-      const __m512i idx = _mm512_permutex2var_epi8(q0, load64(T.idx2_ctrl), q1);
-      const __m512i lo = lookup256(idx, T.code_lo), hi = lookup256(idx, T.code_hi);
-      const __m512i code0 = _mm512_permutex2var_epi8(lo, load64(T.code2_ctrl[0]), hi);
-      const __m512i code1 = _mm512_permutex2var_epi8(lo, load64(T.code2_ctrl[1]), hi);
-      const __m512i fields = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(sign_field_ctrl, q0),
-                                                      load64(T.sign2_ctrl),
-                                                      _mm512_multishift_epi64_epi8(sign_field_ctrl, q1));
-      const __m512i signs = _mm512_permutex2var_epi8(load64(T.signs), fields, load64(T.signs + 64));
-      block_steps<N>(w[b], q0, code0, signs, 0, a, b, acc);
-      block_steps<N>(w[b + 1], q1, code1, signs, 1, a, b + 1, acc);
+      __m512i rows[2][2];
+      decode_pair(q0, q1, rows);
+      block_steps<N>(w[b], q0, rows[0], a, b, acc);
+      block_steps<N>(w[b + 1], q1, rows[1], a, b + 1, acc);
     }
     if (b < nb) {
-      // qword g of the 64 code bytes: four grid indices, then four 7-bit sign indices
-      // and the 4-bit scale (bits 60..63) of group g.
       const __m512i q = load64(w[b].qs);
-      const __m512i idx = _mm512_permutexvar_epi8(load64(T.idx_ctrl), q);
-      const __m512i code = _mm512_mask_blend_epi8(__mmask64(0xaaaaaaaaaaaaaaaaull), lookup256(idx, T.code_lo),
-                                                  lookup256(idx, T.code_hi));
-      const __m512i sign_idx = _mm512_multishift_epi64_epi8(sign_field_ctrl, q);
-      const __m512i signs = _mm512_permutex2var_epi8(load64(T.signs), sign_idx, load64(T.signs + 64));
-      block_steps<N>(w[b], q, code, signs, 0, a, b, acc);
+      __m512i rows[2][2];
+      decode_pair(q, q, rows);
+      block_steps<N>(w[b], q, rows[0], a, b, acc);
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
   }
