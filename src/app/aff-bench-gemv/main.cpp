@@ -236,6 +236,14 @@ int main(int argc, char** argv) {
   bench_gemv(fp8, 512, 4096, 1, "wkv", x, y);
   bench_gemv(fp8, 2048, 4096, 1, "shared w1", x, y);
   bench_gemv(fp8, 4096, 2048, 1, "shared w2", x, y);
+  // The same with x staged permuted in shared memory (warp-contiguous reads).
+  gemv_set_native_perm(true);
+  bench_gemv(fp8, 32768, 4096, 1, "large, perm x", x, y);
+  bench_gemv(fp8, 4096, 8192, 1, "wo_b, perm x", x, y);
+  bench_gemv(fp8, 512, 4096, 1, "wkv, perm x", x, y);
+  bench_gemv(bf16, 4096, 4096, 1, "bf16, perm x", x, y);
+  bench_gemv(mxfp4, 14336, 4096, 1, "7 experts, perm x", x, y);
+  gemv_set_native_perm(false);
   if (!quick) {
     for (int T : {2, 4, 8}) bench_gemv(fp8, 32768, 4096, T, "large", x, y);
     bench_gemv(bf16, 4096, 4096, 1, "bf16", x, y);

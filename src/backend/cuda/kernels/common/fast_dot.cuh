@@ -8,9 +8,9 @@
 //
 // Weights are loaded with L1::no_allocate (read once, streamed), so L1 keeps
 // the activations that every warp of the SM reads again.
-//  - native formats: f32 activations from global memory (L1 hits); FP8/MXFP4
-//    codes become f32 by bit placement (no conversion instructions), scaled by
-//    a power of two folded into the block scale;
+//  - native formats: f32 activations from global memory (L1 hits) or a
+//    permuted shared-memory copy; FP8/MXFP4 codes become f32 by bit placement,
+//    scaled by a power of two folded into the block scale;
 //  - ggml formats: int8 activations staged in shared memory (act_q8.cuh) and
 //    dp4a over int8 weight words; scales and mins applied per sub-block.
 //    Q8_0, Q2_K, Q3_K, Q4_K, IQ2_XXS, IQ4_XS, IQ4_NL, MXFP4 have integer paths;
@@ -36,15 +36,47 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
   return v;
 }
 
-// Activation row pointer with a flag for 16-byte loads (uniform per launch).
+// f32 activations of a native-format row. A lane's 16-byte weight chunk covers
+// V consecutive columns, so lanes read x 4V bytes apart: plain loads touch a
+// sector per lane (L1/shared-memory wavefronts, not HBM, then bound the GEMV).
+// When `perm` is set the block has staged x in shared memory permuted per group
+// of 32 chunks (act_f32_stage_perm) so that lane l's j-th float4 sits at
+// perm + group*32V + j*128 + l*4: one float4 load per lane covers 512
+// contiguous bytes across the warp.
 struct ActF32 {
-  const float* x;  // token t at x + t*ld
+  const float* x;             // token t at x + t*ld (global memory)
   int64_t ld;
-  bool vec;        // x and ld allow float4 loads
+  bool vec;                   // x and ld allow float4 loads
+  const float* perm = nullptr;  // shared-memory permuted copy, token t at perm + t*perm_ld
+  int64_t perm_ld = 0;
 };
+
+// Block-cooperative: tokens [0, nt) of x (row t at x + t*ldx, n floats, n a
+// multiple of 32V, V a power of two) into smem permuted for chunks of V
+// elements (see ActF32). 32-bit index math: this runs once per block.
+__device__ __forceinline__ void act_f32_stage_perm(const float* __restrict__ x, int64_t ldx, int nt, int64_t n, int V,
+                                                   float* smem) {
+  const uint32_t lv = uint32_t(__ffs(V) - 1), group_mask = (32u << lv) - 1u;
+  for (int t = 0; t < nt; ++t) {
+    for (uint32_t k = threadIdx.x; k < uint32_t(n); k += blockDim.x) {
+      const uint32_t r = k & group_mask, l = r >> lv, e = r & uint32_t(V - 1);
+      smem[t * n + (k - r) + (e >> 2) * 128u + l * 4u + (e & 3u)] = x[t * ldx + k];
+    }
+  }
+}
 
 template <int N>
 __device__ __forceinline__ void load_x(const ActF32& a, int t, int64_t col, float* v) {
+  if (a.perm) {
+    const int64_t c = col / N;  // the chunk; its lane in the group is c % 32
+    const float* p = a.perm + t * a.perm_ld + (c - (c & 31)) * N + (c & 31) * 4;
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float4 f = *reinterpret_cast<const float4*>(p + j * 128);
+      v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+    }
+    return;
+  }
   const float* p = a.x + t * a.ld + col;
   if (a.vec) {
 #pragma unroll

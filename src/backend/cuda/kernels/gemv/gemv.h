@@ -23,6 +23,10 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
 // Tuning knob for aff-bench-gemv: whether ggml rows stream through the per-warp
 // shared-memory ring (cp.async) or are read directly. Not for use mid-capture.
 void gemv_set_ggml_ring(bool on);
+// Tuning knob for aff-bench-gemv: checkpoint-format rows read x from a permuted
+// shared-memory copy (warp-contiguous float4 loads) instead of through L1.
+// Off by default until measured on the GPU; results are bit-identical.
+void gemv_set_native_perm(bool on);
 
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {

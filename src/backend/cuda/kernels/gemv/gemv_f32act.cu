@@ -68,6 +68,7 @@ struct FastArgs {
   int64_t ldy;
   int split;      // S: warps per row (power of two dividing the block's warps)
   int64_t ring_at;  // ggml: byte offset of the per-warp rings in dynamic smem (< 0: none)
+  int perm_v;       // native: stage x permuted for chunks of this many elements (0: read x from L1)
 };
 
 template <WPath P, int TT>
@@ -83,6 +84,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_any_f32_sm90(FastArgs a) 
   x.x += t0 * x.ld;
   if (a.w.format == DevFormat::kGgml) {
     act_q8_stage(x.x, x.ld, nt, a.w.in, xs_smem);
+    __syncthreads();
+  } else if (a.perm_v > 0) {
+    act_f32_stage_perm(x.x, x.ld, nt, a.w.in, a.perm_v, reinterpret_cast<float*>(xs_smem));
+    x.perm = reinterpret_cast<const float*>(xs_smem), x.perm_ld = a.w.in;
     __syncthreads();
   }
   for (int64_t g = blockIdx.x; g * R < a.n_rows; g += gridDim.x) {
@@ -129,8 +134,10 @@ int sm_count() {
 }
 
 constexpr int64_t kMaxStageBytes = 200 * 1024;
+constexpr int64_t kMaxPermBytes = 64 * 1024;  // permuted f32 x per block (T * in * 4)
 
 bool g_ggml_ring = true;
+bool g_native_perm = false;  // not yet measured on the GPU: opt-in until it is
 
 // Raises a kernel's dynamic shared memory limit once (before any graph capture:
 // the first GEMV of a process runs eagerly).
@@ -165,22 +172,29 @@ Status launch_fast(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
   const int n_warps = ggml ? 16 : 8;
   const int sms = sm_count();
   // Split rows across warps until the launch has about two waves of warps,
-  // while every lane still gets at least two chunks.
+  // while every lane still gets four chunks (the loads it keeps in flight).
   const int64_t chunks = w.in / chunk_elems(w);
   int S = 1;
-  while (S < n_warps && n_rows * S < int64_t(sms) * 64 * 2 && chunks >= int64_t(64) * S * 2) S *= 2;
+  while (S < n_warps && n_rows * S < int64_t(sms) * 64 * 2 && chunks >= int64_t(128) * S * 2) S *= 2;
   const int R = n_warps / S;
   const int64_t groups = (n_rows + R - 1) / R;
-  const int64_t cap = ggml ? int64_t(sms) * 2 : int64_t(sms) * 16;
   const int nt_max = int(std::min<int64_t>(T, TT));
-  const int64_t stage = ggml ? act_q8_bytes(nt_max, w.in) : 0;
+  // Native formats stage x permuted in shared memory when it fits in a share
+  // that still lets several blocks per SM stream.
+  const int64_t V = chunk_elems(w);
+  const bool perm = g_native_perm && !ggml && w.in % (32 * V) == 0 && int64_t(nt_max) * w.in * 4 <= kMaxPermBytes;
+  const int64_t stage = ggml ? act_q8_bytes(nt_max, w.in) : perm ? int64_t(nt_max) * w.in * 4 : 0;
   const int64_t rings = int64_t(n_warps) * kGgmlRingBytes;
   const bool ring = ggml && g_ggml_ring && stage + rings <= kMaxStageBytes;
   const size_t smem = size_t(stage + (ring ? rings : 0));
   if (smem > 48 * 1024) AFF_RETURN_IF_ERROR((allow_stage_smem<P, TT>()));
+  // Staging blocks (ggml, permuted x) are capped so the copy is paid a few
+  // hundred times per launch; others stride over rows with full occupancy.
+  const int64_t cap = ggml ? int64_t(sms) * 2 : perm ? int64_t(sms) * 4 : int64_t(sms) * 16;
   const dim3 grid(unsigned(std::min(groups, cap)), unsigned((T + TT - 1) / TT));
   ActF32 xa{x, ldx, (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (ldx % 4 == 0)};
-  gemv_any_f32_sm90<P, TT><<<grid, n_warps * 32, smem, stream>>>(FastArgs{w, row_begin, n_rows, xa, T, y, ldy, S, ring ? stage : -1});
+  gemv_any_f32_sm90<P, TT><<<grid, n_warps * 32, smem, stream>>>(FastArgs{w, row_begin, n_rows, xa, T, y, ldy, S,
+                                                                                   ring ? stage : -1, perm ? int(V) : 0});
   return launch_status("gemv_any_f32_sm90");
 }
 
@@ -213,6 +227,7 @@ Status launch_path(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
 }  // namespace
 
 void gemv_set_ggml_ring(bool on) { g_ggml_ring = on; }
+void gemv_set_native_perm(bool on) { g_native_perm = on; }
 
 Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x,
                      int64_t ldx, int64_t T, float* y, int64_t ldy, cudaStream_t stream) {
