@@ -22,8 +22,10 @@
 //     activation's block sums), so no per-step sign or correction work remains.
 // The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through gathers in
 // gemv_iqgather_avx512.cpp instead (VNNI only, natural activation order).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/act_quant.h"
 #include "backend/cpu/isa/gemv_isa.h"
@@ -135,9 +137,17 @@ inline __m512i lookup256(__m512i idx, __mmask64 upper, const uint8_t* table) {
   return _mm512_mask_blend_epi8(upper, lo, hi);
 }
 
+// One activation as the kernel reads it per block: its kQ8KT blocks, and terms
+// prepared once per call (Iq2XxsPrepBuffer) or per row (dd).
+struct Iq2XxsActPrep {
+  const ActQ8K* a;
+  int32_t* corr;  // [nb][16]: lane 2g = -64 * (sum of group g's inputs), lane 2g+1 = 0
+  float* d8;      // [nb]: the block's d / 8
+  float* dd;      // [nb]: per row, d of the weight block * d8 (row_scales)
+};
+
 struct Iq2XxsDot {
   using Block = BlockIq2Xxs;
-  using Act = ActQ8K;  // kQ8KT order
   static constexpr int64_t kElems = 256;
 
   // Decodes two super-blocks (q0, q1: their 64 code bytes; qword g of each: four grid
@@ -167,32 +177,43 @@ struct Iq2XxsDot {
   // One super-block's four steps from its decoded rows (q: its 64 code bytes, for the
   // scales). acc[t] += sum over the block of w * x_t, in the same order whatever N.
   template <int N>
-  static void block_steps(const Block& w, __m512i q, const __m512i rows[2], const Act* const* a, int64_t b,
-                          __m512* acc) {
+  static void block_steps(__m512i q, const __m512i rows[2], const Iq2XxsActPrep* p, int64_t b, __m512* acc) {
     const Iq2XxsTables& T = kIq2Xxs;
-    // Lanes 2g, 2g+1: (2 s_g + 1) * d / 8, the group's scale (ggml: d * (0.5 + s) / 4).
-    const __m512 scale = _mm512_mul_ps(
-        _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(load64(T.scale_ctrl), q), _mm512_loadu_ps(T.scale_f)),
-        _mm512_set1_ps(f16(w.d) * 0.125f));
+    // Lanes 2g, 2g+1: 2 s_g + 1, the group's scale without d / 8 (ggml: d * (0.5 + s) / 4).
+    const __m512 scale =
+        _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(load64(T.scale_ctrl), q), _mm512_loadu_ps(T.scale_f));
     __m512i sumi[N];
-    for (int t = 0; t < N; ++t) {
-      // Start from -64 * (sum of group g's inputs) in lane 2g (lane 2g+1: 0; both lanes
-      // carry the same scale): the bias of the weights cancels exactly.
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
-      sumi[t] = _mm512_cvtepu32_epi64(_mm256_madd_epi16(bs, _mm256_set1_epi16(-kIq2Bias)));
-    }
+    // Start from the bias correction: the weights' +64 cancels exactly.
+    for (int t = 0; t < N; ++t) sumi[t] = load64(p[t].corr + 16 * b);
     for (int k = 0; k < 4; ++k) {
       const __m512i wv = _mm512_permutexvar_epi8(rows[k >> 1], load64(T.wtab[k & 1]));
       // |sum| over four steps <= 16*107*127 + 64*32*127 < 2^31.
-      for (int t = 0; t < N; ++t) sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, load64(a[t][b].qs + 64 * k));
+      for (int t = 0; t < N; ++t) sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, load64(p[t].a[b].qs + 64 * k));
     }
     for (int t = 0; t < N; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(a[t][b].d)), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(p[t].dd[b])), acc[t]);
+    }
+  }
+
+  // dd[b] = d of weight block b * d / 8 of activation block b, sixteen blocks per gather
+  // (the f16 d is the first field of each 66-byte block), for each token.
+  template <int N>
+  static void row_scales(const Block* w, const Iq2XxsActPrep* p, int64_t nb) {
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(int(sizeof(Block))));
+    for (int64_t b = 0; b < nb; b += 16) {
+      const __mmask16 m = nb - b >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nb - b)) - 1);
+      const __m512i dw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, &w[b], 1);
+      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+      for (int t = 0; t < N; ++t) {
+        _mm512_mask_storeu_ps(p[t].dd + b, m, _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, p[t].d8 + b)));
+      }
     }
   }
 
   template <int N>
-  static void dot(const Block* w, const Act* const* a, int64_t nb, float* out) {
+  static void dot(const Block* w, const Iq2XxsActPrep* p, int64_t nb, float* out) {
+    row_scales<N>(w, p, nb);
     __m512 acc[N];
     for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
     int64_t b = 0;
@@ -202,22 +223,85 @@ struct Iq2XxsDot {
       const __m512i q0 = load64(w[b].qs), q1 = load64(w[b + 1].qs);
       __m512i rows[2][2];
       decode_pair(q0, q1, rows);
-      block_steps<N>(w[b], q0, rows[0], a, b, acc);
-      block_steps<N>(w[b + 1], q1, rows[1], a, b + 1, acc);
+      block_steps<N>(q0, rows[0], p, b, acc);
+      block_steps<N>(q1, rows[1], p, b + 1, acc);
     }
     if (b < nb) {
       const __m512i q = load64(w[b].qs);
       __m512i rows[2][2];
       decode_pair(q, q, rows);
-      block_steps<N>(w[b], q, rows[0], a, b, acc);
+      block_steps<N>(q, rows[0], p, b, acc);
     }
     for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
   }
 };
 
+// Per-call storage of Iq2XxsActPrep for up to four tokens (a GEMV call reads the same
+// activation for every row, so its per-block terms are prepared once, not per row).
+class Iq2XxsPrepBuffer {
+ public:
+  explicit Iq2XxsPrepBuffer(int64_t nb)
+      : nb_(nb), stride_((nb + 15) / 16 * 16), corr_(size_t(4 * stride_ * 16)), f_(size_t(8 * stride_)) {}
+
+  // Token slot t (0..3) for activation a (nb kQ8KT blocks).
+  Iq2XxsActPrep prepare(int t, const ActQ8K* a) {
+    Iq2XxsActPrep p{a, corr_.data() + t * stride_ * 16, f_.data() + 2 * t * stride_, f_.data() + (2 * t + 1) * stride_};
+    for (int64_t b = 0; b < nb_; ++b) {
+      // -64 * (sum of group g's inputs) in lane 2g (natural-order block sums: 16 inputs
+      // each), 0 in lane 2g+1: both lanes of a group carry the same scale.
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+      _mm512_storeu_si512(p.corr + 16 * b, _mm512_cvtepu32_epi64(_mm256_madd_epi16(bs, _mm256_set1_epi16(-kIq2Bias))));
+      p.d8[b] = a[b].d * 0.125f;
+    }
+    return p;
+  }
+
+ private:
+  int64_t nb_, stride_;
+  std::vector<int32_t> corr_;
+  std::vector<float> f_;  // per token: d8, then dd
+};
+
+template <int N>
+void iq2xxs_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t nb, const Iq2XxsActPrep* p, float* y,
+                 int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float o[N];
+    Iq2XxsDot::dot<N>(reinterpret_cast<const BlockIq2Xxs*>(w + r * row_bytes), p, nb, o);
+    for (int t = 0; t < N; ++t) y[t * ldy + r] = o[t];
+  }
+}
+
 }  // namespace
 
-AFF_AVX512_KERNELS(iq2xxs_q8kt, avx512vbmi, Iq2XxsDot)
+// The row drivers of avx512_common.h, with the activation prepared once per call.
+void gemv_iq2xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                                 float* y) {
+  const int64_t nb = cols / Iq2XxsDot::kElems;
+  Iq2XxsPrepBuffer buf(nb);
+  const Iq2XxsActPrep p = buf.prepare(0, static_cast<const ActQ8K*>(act));
+  iq2xxs_rows<1>(w, rb, rows, nb, &p, y, 1);
+}
+
+// Tokens in groups of four, as gemm_rows: results bit-identical to the GEMV ones.
+void gemm_iq2xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                                 int64_t act_stride, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = cols / Iq2XxsDot::kElems;
+  Iq2XxsPrepBuffer buf(nb);
+  const auto* base = static_cast<const uint8_t*>(act);
+  for (int64_t t0 = 0; t0 < n; t0 += 4) {
+    Iq2XxsActPrep p[4];
+    const int m = int(std::min<int64_t>(4, n - t0));
+    for (int t = 0; t < m; ++t) p[t] = buf.prepare(t, reinterpret_cast<const ActQ8K*>(base + (t0 + t) * act_stride));
+    float* yt = y + t0 * ldy;
+    switch (m) {
+      case 4: iq2xxs_rows<4>(w, rb, rows, nb, p, yt, ldy); break;
+      case 3: iq2xxs_rows<3>(w, rb, rows, nb, p, yt, ldy); break;
+      case 2: iq2xxs_rows<2>(w, rb, rows, nb, p, yt, ldy); break;
+      default: iq2xxs_rows<1>(w, rb, rows, nb, p, yt, ldy); break;
+    }
+  }
+}
 #undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa
