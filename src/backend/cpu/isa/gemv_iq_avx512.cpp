@@ -180,8 +180,11 @@ struct Iq2XxsDot {
   static void block_steps(__m512i q, const __m512i rows[2], const Iq2XxsActPrep* p, int64_t b, __m512* acc) {
     const Iq2XxsTables& T = kIq2Xxs;
     // Lanes 2g, 2g+1: 2 s_g + 1, the group's scale without d / 8 (ggml: d * (0.5 + s) / 4).
-    const __m512 scale =
-        _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(load64(T.scale_ctrl), q), _mm512_loadu_ps(T.scale_f));
+    // s_g is bits 60-63 of qword g: a shift by 59 leaves 2 s_g plus one bit of a sign
+    // index, which the OR with 1 overwrites; the rotate copies it to the upper dword.
+    // Shifts, rotates and ternlog avoid the shuffle port that the decode saturates.
+    const __m512i s2 = _mm512_srli_epi64(q, 59);
+    const __m512 scale = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi64(s2, _mm512_rol_epi64(s2, 32), _mm512_set1_epi32(1), 0xfe));
     __m512i sumi[N];
     // Start from the bias correction: the weights' +64 cancels exactly.
     for (int t = 0; t < N; ++t) sumi[t] = load64(p[t].corr + 16 * b);
