@@ -7,6 +7,9 @@
 #   scripts/gpu/bundle.sh BUILD_DIR DEST BINARY...      e.g. build-cuda .devpack affinity-bench
 #   DEST/run BINARY [args...]                           runs it with DEST/lib first on the path
 #
+# BUNDLE_XZ=1 stores the binaries xz-compressed (CUDA fat binaries shrink ~3x, which keeps a
+# bundle under a transfer limit); DEST/run unpacks a binary on first use (xz, or Python's lzma).
+#
 # glibc, libstdc++, libgcc_s and CUDA's own libraries (libcuda, libcublas*, libcudart,
 # libnccl) are left to the target machine, so its driver and toolkit are the ones used.
 set -euo pipefail
@@ -18,8 +21,10 @@ skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+
 for name in "$@"; do
     bin="$build/bin/$name"
     [ -x "$bin" ] || { echo "bundle: $bin not built" >&2; exit 1; }
+    rm -f "$dest/$name" "$dest/$name.xz"
     cp -f "$bin" "$dest/"
     strip --strip-unneeded "$dest/$name" 2>/dev/null || true  # symbols are not needed to run; the carry limit is tight
+    if [ "${BUNDLE_XZ:-0}" = 1 ]; then xz -6 -T2 -f "$dest/$name"; fi
     ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r lib path; do
         [[ $lib =~ $skip ]] && continue
         cp -fL "$path" "$dest/lib/$lib"
@@ -29,6 +34,11 @@ cat > "$dest/run" <<'RUN'
 #!/usr/bin/env bash
 d=$(cd "$(dirname "$0")" && pwd)
 bin=$1; shift
+if [ ! -x "$d/$bin" ] && [ -f "$d/$bin.xz" ]; then
+    if command -v xz >/dev/null; then xz -dkc "$d/$bin.xz" > "$d/$bin"
+    else python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$d/$bin.xz" "$d/$bin"; fi
+    chmod +x "$d/$bin"
+fi
 LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/$bin" "$@"
 RUN
 chmod +x "$dest/run"
