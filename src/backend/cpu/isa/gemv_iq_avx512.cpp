@@ -198,19 +198,14 @@ struct Iq2XxsDot {
     }
   }
 
-  // dd[b] = d of weight block b * d / 8 of activation block b, sixteen blocks per gather
-  // (the f16 d is the first field of each 66-byte block), for each token.
+  // dd[b] = d of weight block b * d / 8 of activation block b, for each token, before the
+  // row's blocks (scalar: a gather of the sixteen d fields was slower once the row came
+  // from DRAM, as it waits on every line of the row at once).
   template <int N>
   static void row_scales(const Block* w, const Iq2XxsActPrep* p, int64_t nb) {
-    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32(int(sizeof(Block))));
-    for (int64_t b = 0; b < nb; b += 16) {
-      const __mmask16 m = nb - b >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nb - b)) - 1);
-      const __m512i dw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, &w[b], 1);
-      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
-      for (int t = 0; t < N; ++t) {
-        _mm512_mask_storeu_ps(p[t].dd + b, m, _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, p[t].d8 + b)));
-      }
+    for (int64_t b = 0; b < nb; ++b) {
+      const float d = f16(w[b].d);
+      for (int t = 0; t < N; ++t) p[t].dd[b] = d * p[t].d8[b];
     }
   }
 
