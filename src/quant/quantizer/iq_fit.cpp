@@ -4,6 +4,10 @@
 #include <bit>
 #include <cmath>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "core/check.h"
 #include "core/dtype.h"
 
@@ -18,30 +22,75 @@ constexpr float kSuperScaleTrials[] = {1.0f, 0.95f, 0.9f};
 // Largest finite f16, so that a huge block cannot store an infinite super-scale.
 constexpr float kMaxF16 = 65504.0f;
 
-// Entry for one group of n = grid.dims() values x, w at 1/scale = inv with a fixed offset:
+// Weighted squared distance sum_j w[j] * (t[j] - g[j])^2 of a group of N (8 or 4) values,
+// the encoder's innermost sum. It runs as four lanes: lane j sums the terms j and j + 4
+// (N = 8) or holds term j (N = 4), then the lanes reduce as (0 + 2) + (1 + 3). That is a
+// short dependency chain held in one SSE register, where a left-to-right sum is a chain of
+// N dependent adds. The order is fixed in the source, so the scalar fallback and the SSE
+// path give the same bits.
+template <int N>
+struct GroupDist {
+  static_assert(N == 8 || N == 4);
+#if defined(__SSE2__)
+  __m128 t0, t1, w0, w1;
+  GroupDist(const float* t, const float* w) : t0(_mm_loadu_ps(t)), w0(_mm_loadu_ps(w)) {
+    if constexpr (N == 8) t1 = _mm_loadu_ps(t + 4), w1 = _mm_loadu_ps(w + 4);
+  }
+  float operator()(const float* g) const {
+    const __m128 d0 = _mm_sub_ps(t0, _mm_loadu_ps(g));
+    __m128 lane = _mm_mul_ps(_mm_mul_ps(w0, d0), d0);
+    if constexpr (N == 8) {
+      const __m128 d1 = _mm_sub_ps(t1, _mm_loadu_ps(g + 4));
+      lane = _mm_add_ps(lane, _mm_mul_ps(_mm_mul_ps(w1, d1), d1));
+    }
+    const __m128 pair = _mm_add_ps(lane, _mm_movehl_ps(lane, lane));  // lanes 0+2, 1+3
+    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+  }
+#else
+  const float* t;
+  const float* w;
+  GroupDist(const float* t_, const float* w_) : t(t_), w(w_) {}
+  float operator()(const float* g) const {
+    float lane[4];
+    for (int j = 0; j < 4; ++j) {
+      const float d = t[j] - g[j];
+      lane[j] = w[j] * d * d;
+      if constexpr (N == 8) {
+        const float d1 = t[j + 4] - g[j + 4];
+        lane[j] = lane[j] + w[j + 4] * d1 * d1;
+      }
+    }
+    return (lane[0] + lane[2]) + (lane[1] + lane[3]);
+  }
+#endif
+};
+
+// Entry for one group of N = grid.dims() values x, w at 1/scale = inv with a fixed offset:
 // the one minimising sum w (x*inv - offset - G)^2. Returns that sum (in scaled units).
+template <int N>
 float best_entry(const IqGridIndex& grid, const float* x, const float* w, float inv, float offset, uint16_t* entry) {
-  const int n = grid.dims();
-  float t[IqGridIndex::kMaxDims];
-  for (int j = 0; j < n; ++j) t[j] = x[j] * inv - offset;
+  float t[N];
+  for (int j = 0; j < N; ++j) t[j] = x[j] * inv - offset;
+  const GroupDist<N> dist(t, w);
   const int key = grid.key_of(t);
-  auto error_of = [&](int e) {
-    const float* g = grid.entry(e);
-    float err = 0.0f;
-    for (int j = 0; j < n; ++j) err += w[j] * (t[j] - g[j]) * (t[j] - g[j]);
-    return err;
-  };
   if (const int e = grid.entry_at(key); e >= 0) {
     // Each coordinate already sits at its nearest level, so no entry does better.
     *entry = uint16_t(e);
-    return error_of(e);
+    return dist(grid.entry(e));
   }
   float best = INFINITY;
   for (const uint16_t e : grid.neighbours(key)) {
-    const float err = error_of(e);
+    const float err = dist(grid.entry(e));
     if (err < best) best = err, *entry = e;
   }
   return best;
+}
+
+// The instance for this grid's width, so that the loops above unroll.
+float best_entry(const IqGridIndex& grid, const float* x, const float* w, float inv, float offset, uint16_t* entry) {
+  if (grid.dims() == 8) return best_entry<8>(grid, x, w, inv, offset, entry);  // IQ2, IQ1
+  AFF_CHECK(grid.dims() == 4);                                                // IQ3_XXS
+  return best_entry<4>(grid, x, w, inv, offset, entry);
 }
 
 // Assignment of all groups at 1/scale = inv with every group's offset = sign * delta

@@ -60,6 +60,8 @@ IqGridIndex::IqGridIndex(IqGrid grid) {
   n_levels_ = int(distinct.size());
   for (int l = 0; l < n_levels_; ++l) levels_[l] = float(distinct[size_t(l)]);
   for (int l = 0; l + 1 < n_levels_; ++l) cuts_[l] = 0.5f * (levels_[l] + levels_[l + 1]);
+  AFF_CHECK(dims_ == 8 || dims_ == 4);  // key_of reads coordinates four at a time
+  for (int j = 0, weight = 1; j < dims_; ++j, weight *= n_levels_) digit_weight_[j] = weight;
 
   values_.assign(coords.begin(), coords.end());
   auto level_index = [&](int v) {
