@@ -20,7 +20,7 @@ IqFitSpec iq2_spec(IqGrid grid) {
   spec.grid = &IqGridIndex::get(grid);
   spec.ratio_lo = 0.55f;
   spec.ratio_hi = 1.25f;
-  spec.n_trials = 12;
+  spec.n_trials = 6;
   return spec;
 }
 

@@ -21,7 +21,7 @@ void quantize_row_iq3_xxs(const float* x, BlockIq3Xxs* y, int64_t n, const float
   spec.grid = &IqGridIndex::get(IqGrid::kIq3xxs);
   spec.ratio_lo = 0.6f;
   spec.ratio_hi = 1.2f;
-  spec.n_trials = 13;
+  spec.n_trials = 6;
   float w[kQK_K], t[kQK_K];
   uint8_t signs[kQK_K / 8];
   for (int64_t b = 0; b < n / kQK_K; ++b) {
