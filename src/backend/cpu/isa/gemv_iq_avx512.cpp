@@ -208,9 +208,9 @@ struct Iq2XxsDot {
   // One super-block's four steps from its decoded rows (q: its 64 code bytes, for the
   // scales). acc[t] += sum over the block of w * x_t, in the same order whatever N.
   template <int N>
-  static void block_steps(const Block& blk, const __m512i rows[2], const IqActPrep* p, int64_t b, __m512* acc) {
+  static void block_steps(const Block&, __m512i q, const __m512i rows[2], const IqActPrep* p, int64_t b,
+                          __m512* acc) {
     const Iq2XxsTables& T = kIq2Xxs;
-    const __m512i q = load64(blk.qs);
     // Lanes 2g, 2g+1: 2 s_g + 1, the group's scale without d / 8 (ggml: d * (0.5 + s) / 4).
     // s_g is bits 60-63 of qword g: a shift by 59 leaves 2 s_g plus one bit of a sign
     // index, which the OR with 1 overwrites; the rotate copies it to the upper dword.
@@ -302,7 +302,8 @@ struct Iq2XsDot {
   }
 
   template <int N>
-  static void block_steps(const Block& blk, const __m512i rows[2], const IqActPrep* p, int64_t b, __m512* acc) {
+  static void block_steps(const Block& blk, __m512i, const __m512i rows[2], const IqActPrep* p, int64_t b,
+                          __m512* acc) {
     const Iq2XsTables& T = kIq2Xs;
     const Iq2XxsTables& X = kIq2Xxs;
     // The eight scale bytes in every qword; lanes 2g, 2g+1 of scale[e]: 2 s + 1 of
@@ -336,24 +337,26 @@ struct Iq2XsDot {
 };
 
 // One row against N prepared activations, two super-blocks per iteration: their 64 grid
-// indices fill one register, so each table permute does 64 useful lookups.
+// indices fill one register, so each table permute does 64 useful lookups. Inlined into
+// the row loop so that the ~20 table registers are loaded once per call, not per row.
 template <class K, int N>
-void iq_dot(const typename K::Block* w, const IqActPrep* p, int64_t nb, float* out) {
+[[gnu::always_inline]] inline void iq_dot(const typename K::Block* w, const IqActPrep* p, int64_t nb, float* out) {
   row_scales<N>(w, p, nb);
   __m512 acc[N];
   for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 1 < nb; b += 2) {
+    const __m512i q0 = K::codes(w[b]), q1 = K::codes(w[b + 1]);
     __m512i rows[2][2];
-    K::decode_pair(K::codes(w[b]), K::codes(w[b + 1]), rows);
-    K::template block_steps<N>(w[b], rows[0], p, b, acc);
-    K::template block_steps<N>(w[b + 1], rows[1], p, b + 1, acc);
+    K::decode_pair(q0, q1, rows);
+    K::template block_steps<N>(w[b], q0, rows[0], p, b, acc);
+    K::template block_steps<N>(w[b + 1], q1, rows[1], p, b + 1, acc);
   }
   if (b < nb) {
     const __m512i q = K::codes(w[b]);
     __m512i rows[2][2];
     K::decode_pair(q, q, rows);
-    K::template block_steps<N>(w[b], rows[0], p, b, acc);
+    K::template block_steps<N>(w[b], q, rows[0], p, b, acc);
   }
   for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
