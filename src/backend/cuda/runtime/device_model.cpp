@@ -4,6 +4,8 @@
 #include <string>
 
 #include "backend/cuda/kernels/common/ggml_tables.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
 #include "quant/codec.h"
@@ -320,6 +322,10 @@ Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model
   AFF_RETURN_IF_ERROR(out->arena_.reserve(measure.measured(), "the weights of " + model.source));
   ModelUploader up(&out->arena_);
   AFF_RETURN_IF_ERROR(up.model(model, *out).with_context("uploading " + model.source));
+  // Kernel attributes are set now, not on the first launch, which may be inside
+  // a decode-graph capture.
+  AFF_RETURN_IF_ERROR(gemv_prepare());
+  AFF_RETURN_IF_ERROR(moe_decode_prepare());
   return out;
 }
 

@@ -20,6 +20,10 @@ namespace aff::cuda {
 Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x,
                      int64_t ldx, int64_t T, float* y, int64_t ldy, cudaStream_t stream);
 
+// Raises every GEMV kernel's dynamic shared-memory limit. Launches do it on
+// first use too; call this before capturing a graph (upload_model does).
+Status gemv_prepare();
+
 // Tuning knob for aff-bench-gemv: whether ggml rows stream through the per-warp
 // shared-memory ring (cp.async) or are read directly. Not for use mid-capture.
 void gemv_set_ggml_ring(bool on);

@@ -226,6 +226,28 @@ Status launch_path(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
 
 }  // namespace
 
+Status gemv_prepare() {
+#define AFF_GEMV_PREPARE(P_)                                        \
+  AFF_RETURN_IF_ERROR((allow_stage_smem<WPath::P_, 1>())); \
+  AFF_RETURN_IF_ERROR((allow_stage_smem<WPath::P_, 8>()));
+  AFF_GEMV_PREPARE(kFP8)
+  AFF_GEMV_PREPARE(kMXFP4)
+  AFF_GEMV_PREPARE(kBF16)
+  AFF_GEMV_PREPARE(kF16)
+  AFF_GEMV_PREPARE(kF32)
+  AFF_GEMV_PREPARE(kQ8_0)
+  AFF_GEMV_PREPARE(kQ2_K)
+  AFF_GEMV_PREPARE(kQ3_K)
+  AFF_GEMV_PREPARE(kQ4_K)
+  AFF_GEMV_PREPARE(kIQ2_XXS)
+  AFF_GEMV_PREPARE(kIQ4_XS)
+  AFF_GEMV_PREPARE(kIQ4_NL)
+  AFF_GEMV_PREPARE(kMXFP4g)
+  AFF_GEMV_PREPARE(kGgmlOther)
+#undef AFF_GEMV_PREPARE
+  return Status::ok();
+}
+
 void gemv_set_ggml_ring(bool on) { g_ggml_ring = on; }
 void gemv_set_native_perm(bool on) { g_native_perm = on; }
 

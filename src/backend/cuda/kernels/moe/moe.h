@@ -84,6 +84,9 @@ inline int64_t moe_decode_act_bytes(const MoeDecodeArgs& a) {
 }
 
 Status moe_decode_up(const MoeDecodeArgs& a, cudaStream_t stream);
+// Raises the kernels' dynamic shared-memory limits (launches do it on first use
+// too); call before capturing a graph (upload_model does).
+Status moe_decode_prepare();
 // Tuning knob for aff-bench-gemv (see gemv_set_ggml_ring).
 void moe_decode_set_ggml_ring(bool on);
 Status moe_decode_down(const MoeDecodeArgs& a, cudaStream_t stream);

@@ -226,6 +226,19 @@ Status check(const MoeDecodeArgs& m) {
 
 }  // namespace
 
+Status moe_decode_prepare() {
+  const WPath routed[] = {WPath::kFP8, WPath::kMXFP4, WPath::kBF16, WPath::kQ8_0, WPath::kQ2_K,
+                          WPath::kQ3_K, WPath::kQ4_K, WPath::kIQ2_XXS, WPath::kIQ4_XS, WPath::kMXFP4g};
+  for (WPath pr : routed) {
+    AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<UpK>(pr, WPath::kFP8))));
+    AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(pr, WPath::kFP8))));
+  }
+  AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<UpK>(WPath::kBF16, WPath::kBF16))));
+  AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(WPath::kBF16, WPath::kBF16))));
+  AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<UpK>(WPath::kAny, WPath::kAny))));
+  return allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(WPath::kAny, WPath::kAny)));
+}
+
 void moe_decode_set_ggml_ring(bool on) { g_ggml_ring = on; }
 
 Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
