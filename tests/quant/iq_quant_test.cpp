@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <ctime>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -266,6 +268,72 @@ TEST(IqGridIndex, EntriesAtTheirKeysAndNeighboursNearest) {
     }
     EXPECT_GT(off_grid, 0);
   }
+}
+
+// key_of between the lattice points: each digit is the level nearest the coordinate,
+// the lower one at an exact midpoint, the end levels beyond the ends.
+TEST(IqGridIndex, KeyOfRoundsEachCoordinateToItsNearestLevel) {
+  std::mt19937 rng(std::random_device{}());
+  for (const IqGrid g : {IqGrid::kIq2xxs, IqGrid::kIq3xxs, IqGrid::kIq1s}) {
+    const IqGridIndex& index = IqGridIndex::get(g);
+    const float lo = index.level(0), hi = index.top_level(), span = hi - lo;
+    std::uniform_real_distribution<float> uni(lo - 0.3f * span, hi + 0.3f * span);
+    std::uniform_int_distribution<int> pick(0, index.n_levels() - 2);
+    for (int trial = 0; trial < 2000; ++trial) {
+      float t[IqGridIndex::kMaxDims];
+      for (int j = 0; j < index.dims(); ++j) {
+        const int l = pick(rng);  // every fourth coordinate exactly on a midpoint
+        t[j] = trial % 4 == j % 4 ? 0.5f * (index.level(l) + index.level(l + 1)) : uni(rng);
+      }
+      int want = 0;
+      for (int j = index.dims() - 1; j >= 0; --j) {
+        int nearest = 0;
+        for (int l = 1; l < index.n_levels(); ++l) {
+          if (std::fabs(t[j] - index.level(l)) < std::fabs(t[j] - index.level(nearest))) nearest = l;
+        }
+        want = want * index.n_levels() + nearest;
+      }
+      ASSERT_EQ(index.key_of(t), want) << "grid " << int(g) << " trial " << trial;
+    }
+  }
+}
+
+// Encoder speed, one thread, per type (run with --gtest_also_run_disabled_tests): fresh
+// Gaussian rows as above, half with an importance vector, timed by the thread's CPU
+// clock after a warm-up that builds the search tables. Also Q2_K (the q2 recipe's down
+// projections) and what V4-Flash's q2 experts would take on 16 threads at these rates
+// (43 layers x 256 experts x 2048 x 4096: gate/up IQ2_XXS, down Q2_K; linear scaling).
+TEST(IqQuantize, DISABLED_EncodeSpeed) {
+  std::mt19937 rng(std::random_device{}());
+  constexpr int64_t kRowLen = 4096;
+  std::vector<std::vector<float>> rows, imps;
+  for (int i = 0; i < 64; ++i) {
+    rows.push_back(random_row(rng, kRowLen));
+    imps.push_back(random_importance(rng, kRowLen));
+  }
+  auto thread_seconds = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  std::map<GgmlType, double> rate;  // weights per second
+  for (const GgmlType type : {GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kIQ1_S,
+                              GgmlType::kIQ1_M, GgmlType::kQ2_K}) {
+    quantize(type, rows[0], nullptr);  // builds the tables
+    double seconds = 0;
+    int64_t weights = 0;
+    while (seconds < 1.0) {
+      const double t0 = thread_seconds();
+      for (size_t i = 0; i < rows.size(); ++i) quantize(type, rows[i], i % 2 ? &imps[i] : nullptr);
+      seconds += thread_seconds() - t0;
+      weights += int64_t(rows.size()) * kRowLen;
+    }
+    rate[type] = double(weights) / seconds;
+    std::printf("  %-7s %6.2f M weights/s per thread\n", std::string(ggml_type_name(type)).c_str(), rate[type] / 1e6);
+  }
+  const double expert_weights = 43.0 * 256 * 2048 * 4096;
+  const double hours = (2 * expert_weights / rate[GgmlType::kIQ2_XXS] + expert_weights / rate[GgmlType::kQ2_K]) / 16 / 3600;
+  std::printf("  V4-Flash q2 experts on 16 threads: %.2f h\n", hours);
 }
 
 TEST(IqQuantize, TablesAreIdenticalWhenBuiltConcurrently) {
