@@ -128,20 +128,47 @@ float assign_groups(const IqFitSpec& spec, const float* x, const float* w, int l
 }
 
 // sum w x v and sum w v v over the sub-block, v = G[entry] + offset: the least-squares
-// scale for these entries is sxv / svv and its error sum w x² - sxv² / svv.
+// scale for these entries is sxv / svv and its error sum w x² - sxv² / svv. Every trial
+// scale of stage 1 needs them, so they run in four double lanes (value i in lane i % 4,
+// groups being 4 or 8 wide), reduced as (0 + 2) + (1 + 3); the scalar fallback keeps the
+// same order and so the same bits.
 void fit_sums(const IqFitSpec& spec, const float* x, const float* w, int len, const IqSubBlockFit& fit, double* sxv,
               double* svv) {
   const int n = spec.grid->dims();
-  *sxv = 0.0, *svv = 0.0;
-  for (int g = 0; g < len / n; ++g) {
-    const float* e = spec.grid->entry(fit.entry[g]);
+#if defined(__SSE2__)
+  __m128d xv01 = _mm_setzero_pd(), xv23 = _mm_setzero_pd(), vv01 = _mm_setzero_pd(), vv23 = _mm_setzero_pd();
+  for (int i = 0; i < len; i += 4) {
+    const int g = i / n;
     const float offset = spec.offset == IqOffset::kNone ? 0.0f : fit.neg_offset[g] ? -spec.delta : spec.delta;
-    for (int j = 0; j < n; ++j) {
-      const double v = double(e[j]) + offset;
-      *sxv += double(w[g * n + j]) * x[g * n + j] * v;
-      *svv += double(w[g * n + j]) * v * v;
+    // G + offset is exact in float (small integers plus ±1/8), as it is in double.
+    const __m128 v = _mm_add_ps(_mm_loadu_ps(spec.grid->entry(fit.entry[g]) + (i - g * n)), _mm_set1_ps(offset));
+    const __m128 xf = _mm_loadu_ps(x + i), wf = _mm_loadu_ps(w + i);
+    const __m128d v01 = _mm_cvtps_pd(v), v23 = _mm_cvtps_pd(_mm_movehl_ps(v, v));
+    const __m128d w01 = _mm_cvtps_pd(wf), w23 = _mm_cvtps_pd(_mm_movehl_ps(wf, wf));
+    const __m128d x01 = _mm_cvtps_pd(xf), x23 = _mm_cvtps_pd(_mm_movehl_ps(xf, xf));
+    xv01 = _mm_add_pd(xv01, _mm_mul_pd(_mm_mul_pd(w01, x01), v01));
+    xv23 = _mm_add_pd(xv23, _mm_mul_pd(_mm_mul_pd(w23, x23), v23));
+    vv01 = _mm_add_pd(vv01, _mm_mul_pd(_mm_mul_pd(w01, v01), v01));
+    vv23 = _mm_add_pd(vv23, _mm_mul_pd(_mm_mul_pd(w23, v23), v23));
+  }
+  const __m128d xv = _mm_add_pd(xv01, xv23), vv = _mm_add_pd(vv01, vv23);  // lanes 0+2, 1+3
+  *sxv = _mm_cvtsd_f64(_mm_add_sd(xv, _mm_unpackhi_pd(xv, xv)));
+  *svv = _mm_cvtsd_f64(_mm_add_sd(vv, _mm_unpackhi_pd(vv, vv)));
+#else
+  double xv[4] = {}, vv[4] = {};
+  for (int i = 0; i < len; i += 4) {
+    const int g = i / n;
+    const float offset = spec.offset == IqOffset::kNone ? 0.0f : fit.neg_offset[g] ? -spec.delta : spec.delta;
+    const float* e = spec.grid->entry(fit.entry[g]) + (i - g * n);
+    for (int k = 0; k < 4; ++k) {
+      const double v = double(e[k] + offset);
+      xv[k] += double(w[i + k]) * double(x[i + k]) * v;
+      vv[k] += double(w[i + k]) * v * v;
     }
   }
+  *sxv = (xv[0] + xv[2]) + (xv[1] + xv[3]);
+  *svv = (vv[0] + vv[2]) + (vv[1] + vv[3]);
+#endif
 }
 
 double weighted_norm2(const float* x, const float* w, int len) {
