@@ -159,7 +159,7 @@ struct IqActPrep {
   // [nb][kCorr][16]: what the step accumulators start from to cancel the +64 bias of the
   // weights, -64 * (sum of the inputs they cover) (see the formats' prepare_corr).
   int32_t* corr;
-  float* d8;  // [nb]: the block's d / 8
+  float* d8;  // [nb]: the block's d times the format's scale unit (K::kDScale)
   float* dd;  // [nb]: per row, d of the weight block * d8 (row_scales)
 };
 
@@ -183,6 +183,7 @@ struct Iq2XxsDot {
   using Block = BlockIq2Xxs;
   static constexpr int64_t kElems = 256;
   static constexpr int kCorr = 1;
+  static constexpr float kDScale = 0.125f;  // weight = d * (2s + 1) / 8 * grid
 
   // One vector: -64 * (sum of group g's inputs) in lane 2g (bsums[2g] + bsums[2g+1], 16
   // natural-order inputs each), 0 in lane 2g+1: both lanes of a group carry one scale.
@@ -193,7 +194,7 @@ struct Iq2XxsDot {
 
   // Decodes two super-blocks (q0, q1: their 64 code bytes; qword g of each: four grid
   // indices, then four 7-bit sign indices and the 4-bit scale of group g).
-  static void decode_pair(__m512i q0, __m512i q1, __m512i rows[2][2]) {
+  static void decode_pair(const Block&, const Block&, __m512i q0, __m512i q1, __m512i rows[2][2]) {
     const Iq2XxsTables& T = kIq2Xxs;
     const __m512i idx2 = load64(T.idx2_ctrl);
     const __m512i idx = _mm512_permutex2var_epi8(q0, idx2, q1);
@@ -273,6 +274,7 @@ struct Iq2XsDot {
   using Block = quant::BlockIq2Xs;
   static constexpr int64_t kElems = 256;
   static constexpr int kCorr = 2;
+  static constexpr float kDScale = 0.125f;
 
   // Two vectors, for steps 0-1 and 2-3 (inputs 32g .. 32g+15 and 32g+16 .. 32g+31 of
   // group g): -64 * bsums[2g] and -64 * bsums[2g+1] in lane 2g, 0 in lane 2g+1.
@@ -289,7 +291,7 @@ struct Iq2XsDot {
     return _mm512_mask_blend_epi8(b8, q01, q23);
   }
 
-  static void decode_pair(__m512i q0, __m512i q1, __m512i rows[2][2]) {
+  static void decode_pair(const Block&, const Block&, __m512i q0, __m512i q1, __m512i rows[2][2]) {
     const Iq2XsTables& T = kIq2Xs;
     const Iq2XxsTables& X = kIq2Xxs;
     const __m512i idx = _mm512_permutex2var_epi8(q0, load64(T.lo_ctrl), q1);
@@ -336,6 +338,117 @@ struct Iq2XsDot {
   static __m512i codes(const Block& blk) { return load64(blk.qs); }
 };
 
+// IQ3_XXS: 64 grid indices of 4 magnitudes in {4, 12, ..., 52, 62} (3-bit codes), then per
+// group of 32 a u32 of four 7-bit sign indices (one per row of 8) and a 4-bit scale. A row
+// takes two grid entries; per element three code bits and the sign (4 bits), so a qword
+// holds two rows: after the transpose, byte j has row (g, 2h) in bits 0-3 and (g, 2h+1)
+// in bits 4-7 (shifted down by a word shift for its vpermb). One super-block per decode:
+// its 64 grid indices fill the lookup register.
+struct Iq3XxsTables {
+  // Grid entry i: bit e = bit p of element e's code, the nibble repeated in both halves
+  // (so one 8-bit multishift window over a row's two entries reads n0 | n1 << 4).
+  uint8_t plane[3][256] = {};
+  // plane_ctrl[h][p]: byte 7 - p <- bits 16 (2h) + 4 of qword g (row (g, 2h): its entries
+  // are bytes 2k, 2k+1 of qword g), byte 3 - p <- bits 16 (2h + 1) + 4.
+  uint8_t plane_ctrl[2][3][64] = {};
+  // sign_ctrl[h]: byte 4 <- bits 7 (2h) (row (g, 2h)'s sign index in the group's u32),
+  // byte 0 <- bits 7 (2h + 1).
+  uint8_t sign_ctrl[2][64] = {};
+  // Byte j of the transposed qword: bits 0-2 code, bit 3 sign of one row -> 64 ± magnitude
+  // (vpermb: bits 4-5 ignored).
+  uint8_t wtab[64] = {};
+
+  static constexpr int code(uint8_t m) { return m == 62 ? 7 : (m - 4) / 8; }
+  static constexpr int mag(int c) { return c == 7 ? 62 : 4 + 8 * c; }
+
+  constexpr Iq3XxsTables() {
+    for (int i = 0; i < 256; ++i) {
+      for (int p = 0; p < 3; ++p) {
+        uint8_t nib = 0;
+        for (int e = 0; e < 4; ++e) nib |= uint8_t(((code(uint8_t(quant::kIq3xxsGrid[i] >> (8 * e))) >> p) & 1) << e);
+        plane[p][i] = uint8_t(nib | nib << 4);
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int g = 0; g < 8; ++g) {
+        for (int p = 0; p < 3; ++p) {
+          plane_ctrl[h][p][8 * g + 7 - p] = uint8_t(16 * (2 * h) + 4);
+          plane_ctrl[h][p][8 * g + 3 - p] = uint8_t(16 * (2 * h + 1) + 4);
+        }
+        sign_ctrl[h][8 * g + 4] = uint8_t(7 * (2 * h));
+        sign_ctrl[h][8 * g + 0] = uint8_t(7 * (2 * h + 1));
+      }
+    }
+    for (int i = 0; i < 64; ++i) {
+      const int m = mag(i & 7);
+      wtab[i] = uint8_t((i & 8) ? kIq2Bias - m : kIq2Bias + m);
+    }
+  }
+};
+constexpr Iq3XxsTables kIq3Xxs{};
+
+struct Iq3XxsDot {
+  using Block = quant::BlockIq3Xxs;
+  static constexpr int64_t kElems = 256;
+  static constexpr int kCorr = 1;
+  static constexpr float kDScale = 0.25f;  // weight = d * (2s + 1) / 4 * grid
+
+  static void prepare_corr(const ActQ8K& a, int32_t* corr) { Iq2XxsDot::prepare_corr(a, corr); }
+
+  // qword g = group g's u32 (sign indices, scale).
+  static __m512i aux(const Block& blk) {
+    return _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 64)));
+  }
+
+  static void decode_one(__m512i q, __m512i ax, __m512i rows[2]) {
+    const Iq3XxsTables& T = kIq3Xxs;
+    const Iq2XxsTables& X = kIq2Xxs;
+    const __mmask64 upper = _mm512_movepi8_mask(q);
+    __m512i planes[3];
+    for (int p = 0; p < 3; ++p) planes[p] = lookup256(q, upper, T.plane[p]);
+    for (int h = 0; h < 2; ++h) {
+      __m512i r = _mm512_multishift_epi64_epi8(load64(T.plane_ctrl[h][0]), planes[0]);
+      r = _mm512_mask_multishift_epi64_epi8(r, __mmask64(0x4444444444444444ull), load64(T.plane_ctrl[h][1]), planes[1]);
+      r = _mm512_mask_multishift_epi64_epi8(r, __mmask64(0x2222222222222222ull), load64(T.plane_ctrl[h][2]), planes[2]);
+      // Sign indices into bytes 4 and 0, then looked up in place (lanes outside the mask
+      // keep r: the index form of vpermi2b).
+      r = _mm512_mask_multishift_epi64_epi8(r, __mmask64(0x1111111111111111ull), load64(T.sign_ctrl[h]), ax);
+      r = _mm512_mask2_permutex2var_epi8(load64(X.signs), r, __mmask64(0x1111111111111111ull), load64(X.signs + 64));
+      rows[h] = _mm512_gf2p8affine_epi64_epi8(load64(X.transpose_x), r, 0);
+    }
+  }
+
+  static void decode_pair(const Block& b0, const Block& b1, __m512i q0, __m512i q1, __m512i rows[2][2]) {
+    decode_one(q0, aux(b0), rows[0]);
+    decode_one(q1, aux(b1), rows[1]);
+  }
+
+  template <int N>
+  static void block_steps(const Block& blk, __m512i, const __m512i rows[2], const IqActPrep* p, int64_t b,
+                          __m512* acc) {
+    const Iq3XxsTables& T = kIq3Xxs;
+    // Lanes 2g, 2g+1: 2 s_g + 1 from bits 28-31 of the group's u32 (shift by 27, OR 1,
+    // copy to the upper dword), as for IQ2_XXS.
+    const __m512i s2 = _mm512_srli_epi64(aux(blk), 27);
+    const __m512 scale = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi64(s2, _mm512_rol_epi64(s2, 32), _mm512_set1_epi32(1), 0xfe));
+    __m512i sumi[N];
+    for (int t = 0; t < N; ++t) sumi[t] = load64(p[t].corr + 16 * b);
+    const __m512i wt = load64(T.wtab);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i r = (k & 1) ? _mm512_srli_epi16(rows[k >> 1], 4) : rows[k >> 1];
+      const __m512i wv = _mm512_permutexvar_epi8(r, wt);
+      // |sum| over four steps <= 16*126*127 + 64*32*127 < 2^31.
+      for (int t = 0; t < N; ++t) sumi[t] = _mm512_dpbusd_epi32(sumi[t], wv, load64(p[t].a[b].qs + 64 * k));
+    }
+    for (int t = 0; t < N; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(scale, _mm512_set1_ps(p[t].dd[b])), acc[t]);
+    }
+  }
+
+  // The 64 grid indices.
+  static __m512i codes(const Block& blk) { return load64(blk.qs); }
+};
+
 // One row against N prepared activations, two super-blocks per iteration: their 64 grid
 // indices fill one register, so each table permute does 64 useful lookups. Inlined into
 // the row loop so that the ~20 table registers are loaded once per call, not per row.
@@ -348,14 +461,14 @@ template <class K, int N>
   for (; b + 1 < nb; b += 2) {
     const __m512i q0 = K::codes(w[b]), q1 = K::codes(w[b + 1]);
     __m512i rows[2][2];
-    K::decode_pair(q0, q1, rows);
+    K::decode_pair(w[b], w[b + 1], q0, q1, rows);
     K::template block_steps<N>(w[b], q0, rows[0], p, b, acc);
     K::template block_steps<N>(w[b + 1], q1, rows[1], p, b + 1, acc);
   }
   if (b < nb) {
     const __m512i q = K::codes(w[b]);
     __m512i rows[2][2];
-    K::decode_pair(q, q, rows);
+    K::decode_pair(w[b], w[b], q, q, rows);
     K::template block_steps<N>(w[b], q, rows[0], p, b, acc);
   }
   for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
@@ -374,7 +487,7 @@ class IqPrepBuffer {
     IqActPrep p{a, corr_.data() + t * nb_ * cs, f_.data() + 2 * t * nb_, f_.data() + (2 * t + 1) * nb_};
     for (int64_t b = 0; b < nb_; ++b) {
       K::prepare_corr(a[b], p.corr + cs * b);
-      p.d8[b] = a[b].d * 0.125f;
+      p.d8[b] = a[b].d * K::kDScale;
     }
     return p;
   }
@@ -435,7 +548,7 @@ void gemm_iq2xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int
                                  int64_t act_stride, int64_t n, float* y, int64_t ldy) {
   iq_gemm<Iq2XxsDot>(w, rb, rows, cols, act, act_stride, n, y, ldy);
 }
-// Not yet in the selector table (gemv.cpp) nor declared in gemv_isa.h.
+// IQ2_XS and IQ3_XXS: not yet in the selector table (gemv.cpp) nor declared in gemv_isa.h.
 void gemv_iq2xs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
                                 float* y) {
   iq_gemv<Iq2XsDot>(w, rb, rows, cols, act, y);
@@ -443,6 +556,14 @@ void gemv_iq2xs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int6
 void gemm_iq2xs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
                                 int64_t act_stride, int64_t n, float* y, int64_t ldy) {
   iq_gemm<Iq2XsDot>(w, rb, rows, cols, act, act_stride, n, y, ldy);
+}
+void gemv_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                                 float* y) {
+  iq_gemv<Iq3XxsDot>(w, rb, rows, cols, act, y);
+}
+void gemm_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                                 int64_t act_stride, int64_t n, float* y, int64_t ldy) {
+  iq_gemm<Iq3XxsDot>(w, rb, rows, cols, act, act_stride, n, y, ldy);
 }
 #undef AFF_AVX512_KERNELS
 
@@ -456,9 +577,11 @@ namespace aff::cpu::isa {
   void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMV(gemv_iq2xs_q8kt_avx512vbmi)
+AFF_UNREACHABLE_GEMV(gemv_iq3xxs_q8kt_avx512vbmi)
 #define AFF_UNREACHABLE_GEMM(name) \
   void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_iq2xxs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMM(gemm_iq2xs_q8kt_avx512vbmi)
+AFF_UNREACHABLE_GEMM(gemm_iq3xxs_q8kt_avx512vbmi)
 }  // namespace aff::cpu::isa
 #endif
