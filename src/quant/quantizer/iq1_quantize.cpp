@@ -22,7 +22,7 @@ IqFitSpec iq1_spec(IqOffset offset) {
   spec.delta = kIq1Delta;
   spec.ratio_lo = 0.8f;
   spec.ratio_hi = 3.2f;
-  spec.n_trials = 8;
+  spec.n_trials = 12;
   return spec;
 }
 
