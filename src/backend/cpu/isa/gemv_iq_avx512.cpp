@@ -20,8 +20,10 @@
 //     [21, 107]), the unsigned operand of vpdpbusd; the bias adds 64 * (sum of a group's
 //     inputs), which the accumulator starts from with the opposite sign (from the
 //     activation's block sums), so no per-step sign or correction work remains.
-// The rarer codebook formats (IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M) decode through gathers in
-// gemv_iqgather_avx512.cpp instead (VNNI only, natural activation order).
+// IQ2_XS (512-row grid, scales per 16) and IQ3_XXS (3-bit codes, two grid entries per
+// row) reuse the same decode (kernels here, not yet in the selector table). Without VBMI,
+// and for IQ1_S and IQ1_M, the codebook formats decode through gathers in
+// gemv_iqgather_avx512.cpp (VNNI only, natural activation order).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
