@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <span>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -36,15 +37,26 @@ struct GroupDist {
   GroupDist(const float* t, const float* w) : t0(_mm_loadu_ps(t)), w0(_mm_loadu_ps(w)) {
     if constexpr (N == 8) t1 = _mm_loadu_ps(t + 4), w1 = _mm_loadu_ps(w + 4);
   }
-  float operator()(const float* g) const {
+  __m128 lanes(const float* g) const {
     const __m128 d0 = _mm_sub_ps(t0, _mm_loadu_ps(g));
     __m128 lane = _mm_mul_ps(_mm_mul_ps(w0, d0), d0);
     if constexpr (N == 8) {
       const __m128 d1 = _mm_sub_ps(t1, _mm_loadu_ps(g + 4));
       lane = _mm_add_ps(lane, _mm_mul_ps(_mm_mul_ps(w1, d1), d1));
     }
+    return lane;
+  }
+  float operator()(const float* g) const {
+    const __m128 lane = lanes(g);
     const __m128 pair = _mm_add_ps(lane, _mm_movehl_ps(lane, lane));  // lanes 0+2, 1+3
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+  }
+  // Four entries' distances at once, each reduced in the same order as operator(): the
+  // lane vectors transposed so that one vertical add tree serves all four.
+  void four(const float* g0, const float* g1, const float* g2, const float* g3, float* out) const {
+    __m128 a = lanes(g0), b = lanes(g1), c = lanes(g2), d = lanes(g3);
+    _MM_TRANSPOSE4_PS(a, b, c, d);  // a = lane 0 of each entry, b = lane 1, ...
+    _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(a, c), _mm_add_ps(b, d)));
   }
 #else
   const float* t;
@@ -61,6 +73,9 @@ struct GroupDist {
       }
     }
     return (lane[0] + lane[2]) + (lane[1] + lane[3]);
+  }
+  void four(const float* g0, const float* g1, const float* g2, const float* g3, float* out) const {
+    out[0] = (*this)(g0), out[1] = (*this)(g1), out[2] = (*this)(g2), out[3] = (*this)(g3);
   }
 #endif
 };
@@ -82,12 +97,19 @@ float best_entry(const IqGridIndex& grid, const float* x, const float* w, float 
   // mispredicts on about every other candidate.
   float best = INFINITY;
   int best_e = -1;
-  for (const uint16_t e : grid.neighbours(key)) {
-    const float err = dist(grid.entry(e));
+  auto consider = [&](float err, int e) {
     const bool better = err < best;
-    best_e = better ? int(e) : best_e;
+    best_e = better ? e : best_e;
     best = better ? err : best;
+  };
+  const std::span<const uint16_t> nb = grid.neighbours(key);
+  size_t k = 0;
+  for (; k + 4 <= nb.size(); k += 4) {
+    float err[4];
+    dist.four(grid.entry(nb[k]), grid.entry(nb[k + 1]), grid.entry(nb[k + 2]), grid.entry(nb[k + 3]), err);
+    for (int i = 0; i < 4; ++i) consider(err[i], nb[k + size_t(i)]);
   }
+  for (; k < nb.size(); ++k) consider(dist(grid.entry(nb[k])), nb[k]);
   if (best_e >= 0) *entry = uint16_t(best_e);
   return best;
 }
