@@ -70,7 +70,8 @@ TEST_P(IqVbmiTest, GemmIsBitIdenticalToGemvPerToken) {
   if (!cpu_features().avx512_vbmi) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI";
   const VbmiKernel k = GetParam();
   std::mt19937_64 rng(std::random_device{}());
-  const int64_t rows = 301, cols = 5 * 256, n = 7, ldy = rows + 3;
+  // 17 blocks: IQ2_XS prepares four tokens on the heap, IQ3_XXS on the stack.
+  const int64_t rows = 301, cols = 17 * 256, n = 7, ldy = rows + 3;
   const int64_t rb = *quant::ggml_row_bytes(k.type, cols);
   const int64_t stride = act_bytes(ActFormat::kQ8KT, cols);
   const auto w = random_weights(k.type, rows, cols, rng);

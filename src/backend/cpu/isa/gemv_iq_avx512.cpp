@@ -476,17 +476,28 @@ template <class K, int N>
   for (int t = 0; t < N; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-// Per-call storage of IqActPrep for up to four tokens (a GEMV call reads the same
-// activation for every row, so its per-block terms are prepared once, not per row).
+// Per-call storage of IqActPrep for up to `slots` (<= 4) tokens (a GEMV call reads the
+// same activation for every row, so its per-block terms are prepared once, not per row).
+// The MoE lane calls the kernels on 32-row chunks, so the usual sizes live on the stack.
 template <class K>
 class IqPrepBuffer {
  public:
-  explicit IqPrepBuffer(int64_t nb) : nb_(nb), corr_(size_t(4 * nb * 16 * K::kCorr)), f_(size_t(8 * nb)) {}
+  IqPrepBuffer(int64_t nb, int slots) : nb_(nb) {
+    const size_t corr = size_t(slots * nb * 16 * K::kCorr), f = size_t(2 * slots * nb);
+    if (corr <= kSmallCorr && f <= kSmallF) {
+      corr_ = small_corr_, f_ = small_f_;
+    } else {
+      heap_corr_.resize(corr), heap_f_.resize(f);
+      corr_ = heap_corr_.data(), f_ = heap_f_.data();
+    }
+  }
+  IqPrepBuffer(const IqPrepBuffer&) = delete;
+  IqPrepBuffer& operator=(const IqPrepBuffer&) = delete;
 
-  // Token slot t (0..3) for activation a (nb kQ8KT blocks).
+  // Token slot t for activation a (nb kQ8KT blocks).
   IqActPrep prepare(int t, const ActQ8K* a) {
     const int64_t cs = 16 * K::kCorr;
-    IqActPrep p{a, corr_.data() + t * nb_ * cs, f_.data() + 2 * t * nb_, f_.data() + (2 * t + 1) * nb_};
+    IqActPrep p{a, corr_ + t * nb_ * cs, f_ + 2 * t * nb_, f_ + (2 * t + 1) * nb_};
     for (int64_t b = 0; b < nb_; ++b) {
       K::prepare_corr(a[b], p.corr + cs * b);
       p.d8[b] = a[b].d * K::kDScale;
@@ -495,9 +506,14 @@ class IqPrepBuffer {
   }
 
  private:
+  static constexpr size_t kSmallCorr = 2048, kSmallF = 256;  // 8 KiB + 1 KiB
   int64_t nb_;
-  std::vector<int32_t> corr_;
-  std::vector<float> f_;  // per token: d8, then dd
+  int32_t* corr_;
+  float* f_;  // per token: d8, then dd
+  alignas(64) int32_t small_corr_[kSmallCorr];
+  float small_f_[kSmallF];
+  std::vector<int32_t> heap_corr_;
+  std::vector<float> heap_f_;
 };
 
 template <class K, int N>
@@ -514,7 +530,7 @@ void iq_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t nb, cons
 template <class K>
 void iq_gemv(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act, float* y) {
   const int64_t nb = cols / K::kElems;
-  IqPrepBuffer<K> buf(nb);
+  IqPrepBuffer<K> buf(nb, 1);
   const IqActPrep p = buf.prepare(0, static_cast<const ActQ8K*>(act));
   iq_rows<K, 1>(w, rb, rows, nb, &p, y, 1);
 }
@@ -524,7 +540,7 @@ template <class K>
 void iq_gemm(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act, int64_t act_stride,
              int64_t n, float* y, int64_t ldy) {
   const int64_t nb = cols / K::kElems;
-  IqPrepBuffer<K> buf(nb);
+  IqPrepBuffer<K> buf(nb, int(std::min<int64_t>(4, n)));
   const auto* base = static_cast<const uint8_t*>(act);
   for (int64_t t0 = 0; t0 < n; t0 += 4) {
     IqActPrep p[4];
