@@ -139,6 +139,14 @@ inline __m512i lookup256(__m512i idx, __mmask64 upper, const uint8_t* table) {
   return _mm512_mask_blend_epi8(upper, lo, hi);
 }
 
+// Lanes 2g, 2g+1: 2 s_g + 1 as f32, where qword g of s2 is 2 s_g plus a stray low bit
+// (a 4-bit scale shifted down to bit 1): the OR with 1 overwrites the stray bit and the
+// rotate copies the value into the upper dword. Shifts, rotates and ternlog avoid the
+// shuffle port that the decode saturates.
+inline __m512 odd_scales_ps(__m512i s2) {
+  return _mm512_cvtepi32_ps(_mm512_ternarylogic_epi64(s2, _mm512_rol_epi64(s2, 32), _mm512_set1_epi32(1), 0xfe));
+}
+
 // Rows of a pair of super-blocks, from their code planes and sign bytes (byte r of lo,
 // hi, signs: row r = 32s + 4g + k) to rows[s][h]: qword g, byte j = element j's (code,
 // sign) of rows (g, 2h), (g, 2h+1) of block s (see wtab).
@@ -216,10 +224,9 @@ struct Iq2XxsDot {
     const Iq2XxsTables& T = kIq2Xxs;
     // Lanes 2g, 2g+1: 2 s_g + 1, the group's scale without d / 8 (ggml: d * (0.5 + s) / 4).
     // s_g is bits 60-63 of qword g: a shift by 59 leaves 2 s_g plus one bit of a sign
-    // index, which the OR with 1 overwrites; the rotate copies it to the upper dword.
-    // Shifts, rotates and ternlog avoid the shuffle port that the decode saturates.
+    // index.
     const __m512i s2 = _mm512_srli_epi64(q, 59);
-    const __m512 scale = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi64(s2, _mm512_rol_epi64(s2, 32), _mm512_set1_epi32(1), 0xfe));
+    const __m512 scale = odd_scales_ps(s2);
     __m512i sumi[N];
     // Start from the bias correction: the weights' +64 cancels exactly.
     for (int t = 0; t < N; ++t) sumi[t] = load64(p[t].corr + 16 * b);
@@ -432,7 +439,7 @@ struct Iq3XxsDot {
     // Lanes 2g, 2g+1: 2 s_g + 1 from bits 28-31 of the group's u32 (shift by 27, OR 1,
     // copy to the upper dword), as for IQ2_XXS.
     const __m512i s2 = _mm512_srli_epi64(aux(blk), 27);
-    const __m512 scale = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi64(s2, _mm512_rol_epi64(s2, 32), _mm512_set1_epi32(1), 0xfe));
+    const __m512 scale = odd_scales_ps(s2);
     __m512i sumi[N];
     for (int t = 0; t < N; ++t) sumi[t] = load64(p[t].corr + 16 * b);
     const __m512i wt = load64(T.wtab);
