@@ -40,13 +40,13 @@ CpuFeatures detect() {
   const bool avx512vl = (b >> 31) & 1;
   const bool vnni = (c >> 11) & 1;
   const bool vbmi = (c >> 1) & 1;
-  const bool bitalg = (c >> 12) & 1;
+  const bool gfni = (c >> 8) & 1;
   const bool amx_tile = (d >> 24) & 1;
   const bool amx_int8 = (d >> 25) & 1;
   f.avx2 = ymm_saved && avx2 && fma && f16c;
   f.avx512 = f.avx2 && bmi2 && zmm_saved && avx512f && avx512bw && avx512vl;
   f.avx512_vnni = f.avx512 && vnni;
-  f.avx512_vbmi = f.avx512_vnni && vbmi && bitalg;
+  f.avx512_vbmi = f.avx512_vnni && vbmi && gfni;  // the VBMI kernels also use gf2p8affineqb
   f.amx_int8 = tile_saved && amx_tile && amx_int8;
   return f;
 }

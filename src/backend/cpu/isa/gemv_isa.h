@@ -47,6 +47,8 @@ AFF_GEMV_DECL(gemv_iq1s_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq1m_q8k_avx512);
 
 AFF_GEMV_DECL(gemv_iq2xxs_q8kt_avx512vbmi);
+AFF_GEMV_DECL(gemv_iq2xs_q8kt_avx512vbmi);
+AFF_GEMV_DECL(gemv_iq3xxs_q8kt_avx512vbmi);
 
 // Batched kernels (GemmFn): one pass over the rows for n tokens, decode shared.
 #define AFF_GEMM_DECL(name)                                                                                  \
@@ -65,6 +67,8 @@ AFF_GEMM_DECL(gemm_iq3xxs_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq1s_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq1m_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq2xxs_q8kt_avx512vbmi);
+AFF_GEMM_DECL(gemm_iq2xs_q8kt_avx512vbmi);
+AFF_GEMM_DECL(gemm_iq3xxs_q8kt_avx512vbmi);
 
 #undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL
