@@ -262,9 +262,14 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const int64_t R = c.o_lora_rank, group_in = int64_t(H / G) * Dh;
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
-  for (int g = 0; g < G; ++g)
-    AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
-                                      u + g * R, G * R, s));
+  if (T == 1 && mma_precision() == MmaPrecision::kBf16 && gemv_fp8_h2_supports(w.wo_a)) {
+    // Decode in the fast setting: all groups in one launch (group g's rows read o's slice g).
+    AFF_RETURN_IF_ERROR(gemv_fp8_h2(w.wo_a, 0, G * R, o, R, group_in, u, s));
+  } else {
+    for (int g = 0; g < G; ++g)
+      AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
+                                        u + g * R, G * R, s));
+  }
   prof_mark(s, "attn.wo_a");
   AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
   prof_mark(s, "attn.wo_b");

@@ -32,6 +32,15 @@ void gemv_set_ggml_ring(bool on);
 // Off by default until measured on the GPU; results are bit-identical.
 void gemv_set_native_perm(bool on);
 
+// Decode (T = 1) FP8-block GEMV on f16 packed FMAs (gemv_fp8_h2.cu): the fast
+// precision setting's path, ~1e-3 relative (x rounded to f16 after scaling by
+// 1/max|x|, f16 sums of 8 products). Rows [row_begin, row_end); row r reads x
+// slice k = r / rows_per_group - row_begin / rows_per_group at x + k * x_group_stride,
+// so the attention's grouped output projection is one launch. y: [row_end - row_begin].
+bool gemv_fp8_h2_supports(const DeviceLinear& w);
+Status gemv_fp8_h2(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t rows_per_group,
+                   int64_t x_group_stride, float* y, cudaStream_t stream);
+
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {
   return gemv_rows_f32(w, 0, w.out, x, w.in, T, y, w.out, stream);

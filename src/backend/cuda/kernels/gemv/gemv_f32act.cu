@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "backend/cuda/kernels/common/fast_dot.cuh"
+#include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
@@ -267,6 +268,9 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
     gemv_ggml_f32_sm90<<<grid, kRowsPerBlock * 32, 0, stream>>>(GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
     return launch_status("gemv_ggml_f32_sm90");
   }
+  // Fast precision: FP8 decode rows on f16 packed FMAs (gemv_fp8_h2.cu).
+  if (T == 1 && mma_precision() == MmaPrecision::kBf16 && gemv_fp8_h2_supports(w))
+    return gemv_fp8_h2(w, row_begin, row_end, x, w.out, 0, y, stream);
   if (T == 1) return launch_path<1>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
   return launch_path<8>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
 }
