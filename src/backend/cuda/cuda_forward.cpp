@@ -43,7 +43,6 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
                       const dsv4::ForwardOptions& opts) {
   const dsv4::ModelConfig& cfg = model.config;
   const int64_t D = cfg.hidden_size;
-  const float eps = float(cfg.rms_norm_eps);
   cudaStream_t s = st.stream.get();
   Workspace& ws = st.ws;
   float* h = ws.h.as<float>();

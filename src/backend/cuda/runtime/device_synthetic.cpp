@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "backend/cuda/kernels/common/ggml_tables.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
 #include "quant/blocks.h"
@@ -350,6 +352,7 @@ class Builder {
     if (m.has_shared) {
       AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(opt_.dense, opt_.dense));
       m.shared_format = s.w1.format;
+      m.shared_host = s;  // the decode MoE kernels pick their compiled pair from it
       AFF_ASSIGN_OR_RETURN(m.shared_slot, slot_table({s}));
     }
     return m;
@@ -472,6 +475,9 @@ Result<std::unique_ptr<DeviceModel>> make_synthetic_model(const dsv4::ModelConfi
   Builder build(model->config, opt, &model->arena_, stream.get());
   AFF_RETURN_IF_ERROR(build.model(*model));
   AFF_RETURN_IF_ERROR(stream.synchronize());
+  // As upload_model: kernel attributes set now, outside any graph capture.
+  AFF_RETURN_IF_ERROR(gemv_prepare());
+  AFF_RETURN_IF_ERROR(moe_decode_prepare());
   return model;
 }
 
