@@ -34,6 +34,34 @@ __device__ float block_sum(float v, float* red) {
   return total;
 }
 
+// Loads channel d of the HC streams of token t into v and, when the site has
+// a previous sublayer output, applies that sublayer's hc_post to them in
+// place (h[k] <- post[k] * a + sum_j comb[j][k] * h[j]). Dead lanes get zeros.
+template <int HC>
+__device__ __forceinline__ void load_expanded(const HcFusedArgs& a, float* h, int64_t t, int64_t d, bool live,
+                                              float (&v)[HC]) {
+  const int64_t D = a.D;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) v[j] = live ? h[j * D + d] : 0.0f;
+  if (!a.a || !live) return;
+  const float av = a.a[t * D + d];
+  const float* post = a.post + t * HC;
+  const float* comb = a.comb + t * HC * HC;
+  float nv[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    float o = post[k] * av;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) o = fmaf(comb[j * HC + k], v[j], o);
+    nv[k] = o;
+  }
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    v[k] = nv[k];
+    h[k * D + d] = nv[k];
+  }
+}
+
 template <int HC>
 __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   __shared__ float red[kThreads / 32];
@@ -48,31 +76,7 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
 
   // 1. expand (this thread owns channel d of every stream: no other block touches it).
   float v[HC];
-  if (d < D) {
-#pragma unroll
-    for (int j = 0; j < HC; ++j) v[j] = h[j * D + d];
-    if (a.a) {
-      const float av = a.a[t * D + d];
-      const float* post = a.post + t * HC;
-      const float* comb = a.comb + t * HC * HC;
-      float nv[HC];
-#pragma unroll
-      for (int k = 0; k < HC; ++k) {
-        float o = post[k] * av;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) o = fmaf(comb[j * HC + k], v[j], o);
-        nv[k] = o;
-      }
-#pragma unroll
-      for (int k = 0; k < HC; ++k) {
-        v[k] = nv[k];
-        h[k * D + d] = nv[k];
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < HC; ++j) v[j] = 0.0f;
-  }
+  load_expanded<HC>(a, h, t, d, d < D, v);
 
   // 2. partial dots of every mix row with this block's channels, and the sum of squares.
   float* part = a.partials + (t * nb + blockIdx.x) * (n_mix + 1);
@@ -172,26 +176,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   const bool live = d < D;
 
   float v[HC];
-#pragma unroll
-  for (int j = 0; j < HC; ++j) v[j] = live ? h[j * D + d] : 0.0f;
-  if (a.a && live) {
-    const float av = a.a[t * D + d];
-    const float* post = a.post + t * HC;
-    const float* comb = a.comb + t * HC * HC;
-    float nv[HC];
-#pragma unroll
-    for (int k = 0; k < HC; ++k) {
-      float o = post[k] * av;
-#pragma unroll
-      for (int j = 0; j < HC; ++j) o = fmaf(comb[j * HC + k], v[j], o);
-      nv[k] = o;
-    }
-#pragma unroll
-    for (int k = 0; k < HC; ++k) {
-      v[k] = nv[k];
-      h[k * D + d] = nv[k];
-    }
-  }
+  load_expanded<HC>(a, h, t, d, live, v);
 
   float f[NMIX][HC];
 #pragma unroll
