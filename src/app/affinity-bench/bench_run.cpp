@@ -264,11 +264,12 @@ Status set_formats(BenchOptions& o, const std::string& experts, const std::strin
     o.recipe = expert_types;
   } else {
     std::string gu, dn;
-    if (experts == "q2") gu = "Q2_K", dn = "Q3_K";
+    if (experts == "q2") gu = "IQ2_XXS", dn = "Q2_K";
+    else if (experts == "q2k") gu = "Q2_K", dn = "Q3_K";
     else if (experts == "q4") gu = dn = "Q4_K";
     else if (experts == "q8") gu = dn = "Q8_0";
     else if (experts == "mxfp4") gu = dn = "mxfp4";
-    else return invalid_argument("--experts: expected q2, q4, q8 or mxfp4, got '" + experts + "'");
+    else return invalid_argument("--experts: expected q2, q2k, q4, q8 or mxfp4, got '" + experts + "'");
     AFF_ASSIGN_OR_RETURN(o.gate_up, parse_synthetic_format(gu));
     AFF_ASSIGN_OR_RETURN(o.down, parse_synthetic_format(dn));
     o.recipe = experts;

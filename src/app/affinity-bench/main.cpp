@@ -36,8 +36,9 @@ struct Flag {
 // The one list of flags: parsing accepts exactly these, --help prints them.
 constexpr Flag kFlags[] = {
     {"--layers", "N", "layers of the model, 1..43; default 43"},
-    {"--experts", "RECIPE", "routed expert storage: q2 (Q2_K gate/up + Q3_K down, ~2.9 bpw, as aff-quantize), "
-                            "q4 (Q4_K), q8 (Q8_0), mxfp4 (the checkpoint's FP4); default q2"},
+    {"--experts", "RECIPE", "routed expert storage: q2 (IQ2_XXS gate/up + Q2_K down, 2.25 bpw, as aff-quantize), "
+                            "q2k (Q2_K gate/up + Q3_K down, 2.9 bpw), q4 (Q4_K), q8 (Q8_0), mxfp4 (the checkpoint's FP4); "
+                            "default q2"},
     {"--expert-types", "GATEUP,DOWN", "explicit ggml (or fp8/mxfp4/bf16) types of w1/w3 and w2, e.g. IQ2_XXS,Q2_K"},
     {"--dense", "FMT", "attention and shared-expert storage: fp8 (E4M3 + 128x128 E8M0 scales) or q8_0; default fp8"},
     {"--expert-pool", "N", "physical experts per layer shared round-robin by the 256 slots (for formats too large "
