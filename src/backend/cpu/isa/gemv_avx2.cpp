@@ -309,8 +309,6 @@ void gemv_mxfp4_q8_0_avx2(const uint8_t* w, int64_t rb, int64_t rows, int64_t co
 #else
 // Not x86-64: the table never selects these (isa_supported is false without cpuid).
 namespace aff::cpu::isa {
-#define AFF_UNREACHABLE_GEMV(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMV(gemv_q8_0_q8_0_avx2)
 AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx2)
 AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx2)

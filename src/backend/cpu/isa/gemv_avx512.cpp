@@ -453,8 +453,6 @@ AFF_AVX512_KERNELS(iq4xs_q8k, avx512, Iq4XsDot)
 #pragma GCC pop_options
 #else
 namespace aff::cpu::isa {
-#define AFF_UNREACHABLE_GEMV(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMV(gemv_q8_0_q8_0_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q4k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q2k_q8k_avx512)
@@ -462,8 +460,6 @@ AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_mxfp4_q8_0_avx512)
 AFF_UNREACHABLE_GEMV(gemv_q3k_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq4xs_q8k_avx512)
-#define AFF_UNREACHABLE_GEMM(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_q8_0_q8_0_avx512)
 AFF_UNREACHABLE_GEMM(gemm_q4k_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_q2k_q8k_avx512)

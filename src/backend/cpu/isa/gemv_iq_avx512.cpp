@@ -573,7 +573,6 @@ void gemm_iq2xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int
                                  int64_t act_stride, int64_t n, float* y, int64_t ldy) {
   iq_gemm<Iq2XxsDot>(w, rb, rows, cols, act, act_stride, n, y, ldy);
 }
-// IQ2_XS and IQ3_XXS: not yet in the selector table (gemv.cpp) nor declared in gemv_isa.h.
 void gemv_iq2xs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
                                 float* y) {
   iq_gemv<Iq2XsDot>(w, rb, rows, cols, act, y);
@@ -590,7 +589,6 @@ void gemm_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int
                                  int64_t act_stride, int64_t n, float* y, int64_t ldy) {
   iq_gemm<Iq3XxsDot>(w, rb, rows, cols, act, act_stride, n, y, ldy);
 }
-#undef AFF_AVX512_KERNELS
 
 }  // namespace aff::cpu::isa
 
@@ -598,13 +596,9 @@ void gemm_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int
 #pragma GCC pop_options
 #else
 namespace aff::cpu::isa {
-#define AFF_UNREACHABLE_GEMV(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMV(gemv_iq2xxs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMV(gemv_iq2xs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMV(gemv_iq3xxs_q8kt_avx512vbmi)
-#define AFF_UNREACHABLE_GEMM(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_iq2xxs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMM(gemm_iq2xs_q8kt_avx512vbmi)
 AFF_UNREACHABLE_GEMM(gemm_iq3xxs_q8kt_avx512vbmi)

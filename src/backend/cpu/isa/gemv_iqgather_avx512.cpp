@@ -200,14 +200,10 @@ AFF_AVX512_KERNELS(iq1m_q8k, avx512, IqGatherDot<Iq1MRows>)
 #pragma GCC pop_options
 #else
 namespace aff::cpu::isa {
-#define AFF_UNREACHABLE_GEMV(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMV(gemv_iq2xs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq3xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq1s_q8k_avx512)
 AFF_UNREACHABLE_GEMV(gemv_iq1m_q8k_avx512)
-#define AFF_UNREACHABLE_GEMM(name) \
-  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { __builtin_trap(); }
 AFF_UNREACHABLE_GEMM(gemm_iq2xs_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_iq3xxs_q8k_avx512)
 AFF_UNREACHABLE_GEMM(gemm_iq1s_q8k_avx512)

@@ -73,4 +73,13 @@ AFF_GEMM_DECL(gemm_iq3xxs_q8kt_avx512vbmi);
 #undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL
 
+// Stand-ins for the ISA kernels on targets that cannot compile them (the
+// selector, isa_supported, never picks them there). Same signatures as above.
+#define AFF_UNREACHABLE_GEMV(name) \
+  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, float*) { __builtin_trap(); }
+#define AFF_UNREACHABLE_GEMM(name)                                                              \
+  void name(const uint8_t*, int64_t, int64_t, int64_t, const void*, int64_t, int64_t, float*, int64_t) { \
+    __builtin_trap();                                                                            \
+  }
+
 }  // namespace aff::cpu::isa
