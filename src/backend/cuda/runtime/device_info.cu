@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 namespace aff::cuda {
 
 std::vector<DeviceInfo> list_devices(std::string* error) {
@@ -29,6 +31,19 @@ std::vector<DeviceInfo> list_devices(std::string* error) {
     out.push_back(d);
   }
   return out;
+}
+
+int current_device_multiprocessors() {
+  constexpr int kMaxDevices = 64, kFallback = 132;
+  static std::atomic<int> count[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return kFallback;
+  int n = count[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = kFallback;
+    count[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 }  // namespace aff::cuda

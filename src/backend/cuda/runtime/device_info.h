@@ -21,4 +21,8 @@ struct DeviceInfo {
 // Empty when the driver is missing or no device is visible (never throws).
 std::vector<DeviceInfo> list_devices(std::string* error = nullptr);
 
+// Multiprocessors of the calling thread's current device, cached per device,
+// for sizing grids; 132 (an H200) if the runtime cannot say.
+int current_device_multiprocessors();
+
 }  // namespace aff::cuda

@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -398,15 +399,6 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(Attent
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      v = 132;
-    return v;
-  }();
-  return n;
-}
 
 struct SplitPlan {
   int splits = 1;
@@ -423,7 +415,7 @@ SplitPlan plan_splits(const AttentionArgs& a) {
   const int64_t rows = a.T <= kFewQueries ? 16 : 64;
   const int64_t groups = (a.H + rows - 1) / rows;
   const int64_t base = std::max<int64_t>(1, a.T * groups);
-  int64_t splits = std::min<int64_t>({tiles, (2 * sm_count() + base - 1) / base, kMaxSplits});
+  int64_t splits = std::min<int64_t>({tiles, (2 * current_device_multiprocessors() + base - 1) / base, kMaxSplits});
   const int64_t per_split_floats = a.T * a.H * (int64_t(a.Dh) + 2);
   if (a.scratch == nullptr || per_split_floats == 0) splits = 1;
   else splits = std::min<int64_t>(splits, a.scratch_floats / per_split_floats);

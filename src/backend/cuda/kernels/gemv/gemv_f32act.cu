@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -122,17 +123,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_any_f32_sm90(FastArgs a) 
   }
 }
 
-int sm_count() {
-  static int count[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (!count[dev]) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-    count[dev] = n;
-  }
-  return count[dev];
-}
 
 constexpr int64_t kMaxStageBytes = 200 * 1024;
 constexpr int64_t kMaxPermBytes = 64 * 1024;  // permuted f32 x per block (T * in * 4)
@@ -171,7 +161,7 @@ Status launch_fast(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
                    float* y, int64_t ldy, cudaStream_t stream) {
   const bool ggml = w.format == DevFormat::kGgml;
   const int n_warps = ggml ? 16 : 8;
-  const int sms = sm_count();
+  const int sms = current_device_multiprocessors();
   // Split rows across warps until the launch has about two waves of warps,
   // while every lane still gets four chunks (the loads it keeps in flight).
   const int64_t chunks = w.in / chunk_elems(w);

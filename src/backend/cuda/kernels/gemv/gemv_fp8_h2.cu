@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -140,12 +141,7 @@ Status gemv_fp8_h2(const DeviceLinear& w, int64_t row_begin, int64_t row_end, co
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0) return Status::ok();
   if (!gemv_fp8_h2_supports(w) || rows_per_group <= 0) return internal_error("gemv_fp8_h2: unsupported weight");
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
+  const int sms = current_device_multiprocessors();
   const int64_t groups = (row_end - 1) / rows_per_group - row_begin / rows_per_group + 1;
   if (groups > 65535) return internal_error("gemv_fp8_h2: too many row groups");
   const int64_t rows_per_grp = std::min(n_rows, rows_per_group);

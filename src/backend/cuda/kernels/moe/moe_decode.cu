@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels/common/fast_dot.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
 namespace {
@@ -145,12 +146,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_down_any_f32_sm90(DownArgs a)
   }
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) return 132;
-  return n;
-}
 
 bool g_ggml_ring = true;
 
@@ -254,7 +249,7 @@ Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
   paths(m, true, pr, ps);
   const UpKernel kernel = *select_pair<UpK>(pr, ps);
   if (smem > 48 * 1024) AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(kernel)));
-  const int sms = sm_count();
+  const int sms = current_device_multiprocessors();
   // Split each row across warps while there are fewer than ~2 waves of warp rows.
   int S = 1;
   while (S < kWarps && n_pairs * m.inter * S < int64_t(sms) * 64 * 2 && m.D >= int64_t(32 * 32) * S * 2) S *= 2;
@@ -276,7 +271,7 @@ Status moe_decode_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   paths(m, false, pr, ps);
   const DownKernel kernel = *select_pair<DownK>(pr, ps);
   if (smem > 48 * 1024) AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(kernel)));
-  const int sms = sm_count();
+  const int sms = current_device_multiprocessors();
   const int64_t groups = (m.D + kWarps - 1) / kWarps;
   const int64_t blocks = std::min<int64_t>(groups, stage ? int64_t(sms) * 2 : int64_t(sms) * 4);
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(DownArgs{m, stage, ring ? staged : -1});
