@@ -22,14 +22,6 @@ namespace {
 
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
-// m = fn . rmsnorm_unweighted(flatten(h)) into ws.mix: [T, fn.out].
-Status hc_mixes(const DeviceModel& m, const DeviceLinear& fn, GpuState& st, const float* h, int64_t T) {
-  const int64_t width = int64_t(m.config.hc_mult) * m.config.hidden_size;
-  cudaStream_t s = st.stream.get();
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(h, st.ws.z.as<float>(), T, width, nullptr, eps_of(m), s));
-  return linear(fn, st.ws.z.as<float>(), T, st.ws.mix.as<float>(), s);
-}
-
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
 // chunk's tokens: row r at position step.pos0 + r / rows_per_pos.
 RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool compressed, int rope_dim,
@@ -125,15 +117,10 @@ Status run_experts(const ExpertFfnArgs& e, std::span<const ExpertSlot> host_slot
 
 }  // namespace
 
+// The op checker's twins of model/dsv4/mhc run the forward pass's own fused
+// kernel: without `a` it does not write h, so the const_casts are safe.
 Status gpu_hc_pre(const DeviceModel& m, const DeviceHc& w, GpuState& st, const float* h, int64_t T, float* x) {
-  const dsv4::ModelConfig& c = m.config;
-  AFF_RETURN_IF_ERROR(hc_mixes(m, w.fn, st, h, T));
-  HcCoeffArgs a;
-  a.m = st.ws.mix.as<float>(), a.base = w.base, a.scale = w.scale, a.T = T, a.hc = c.hc_mult;
-  a.sinkhorn_iters = c.hc_sinkhorn_iters, a.eps = float(c.hc_eps);
-  a.pre = st.ws.pre.as<float>(), a.post = st.ws.post.as<float>(), a.comb = st.ws.comb.as<float>();
-  AFF_RETURN_IF_ERROR(hc_coeffs(a, st.stream.get()));
-  return hc_collapse(h, a.pre, T, c.hc_mult, c.hidden_size, x, st.stream.get());
+  return gpu_hc_site(m, w, st, const_cast<float*>(h), nullptr, 0, T, false, nullptr, x);
 }
 
 Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T, float* h) {
@@ -142,13 +129,7 @@ Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T
 }
 
 Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T, float* y) {
-  const dsv4::ModelConfig& c = m.config;
-  AFF_RETURN_IF_ERROR(hc_mixes(m, m.hc_head.fn, st, h, T));
-  HcCoeffArgs a;
-  a.m = st.ws.mix.as<float>(), a.base = m.hc_head.base, a.scale = m.hc_head.scale, a.T = T, a.hc = c.hc_mult;
-  a.eps = float(c.hc_eps), a.head = true, a.pre = st.ws.pre.as<float>();
-  AFF_RETURN_IF_ERROR(hc_coeffs(a, st.stream.get()));
-  return hc_collapse(h, a.pre, T, c.hc_mult, c.hidden_size, y, st.stream.get());
+  return gpu_hc_site(m, m.hc_head, st, const_cast<float*>(h), nullptr, 0, T, true, nullptr, y);
 }
 
 Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {

@@ -284,8 +284,6 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.h, T * hc * D, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.x, T * D, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.y, T * D, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.z, T * hc * D, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.mix, T * (2 + hc) * hc, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.pre, T * hc, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.post, T * hc, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.comb, T * hc * hc, 4, "workspace"));

@@ -81,8 +81,6 @@ struct Workspace {
   DeviceBuffer tokens;                  // i32 [T]
   DeviceBuffer h;                       // [T, hc, D] residual streams
   DeviceBuffer x, y;                    // [T, D] sublayer input / output
-  DeviceBuffer z;                       // [T, hc*D] normed streams (mHC mixes)
-  DeviceBuffer mix;                     // [T, (2+hc)*hc]
   DeviceBuffer pre, post, comb;         // [T, hc], [T, hc], [T, hc, hc]
   DeviceBuffer hc_partials;             // [T, hc_fused_blocks(D), (2+hc)*hc + 1] fused mHC partial sums
   DeviceBuffer hc_tickets;              // u32 [T], zero between launches

@@ -1,31 +1,11 @@
-// mHC kernels: hc_coeffs_f32_sm90 (one thread per token; Sinkhorn on the tiny
-// hc x hc matrix in registers/local memory), hc_collapse_f32_sm90 and
-// hc_expand_f32_sm90 (one thread per (token, channel)).
+// hc_expand_f32_sm90: one thread per (token, channel). The forward pass does
+// this inside hc_fused (mhc_fused.cu); the op checker checks hc_post alone.
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
-
-__global__ void hc_coeffs_f32_sm90(HcCoeffArgs a) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= a.T) return;
-  const int hc = a.hc;
-  const int n_mix = a.head ? hc : (2 + hc) * hc;
-  hc_coefficients(a.m + t * n_mix, a.base, a.scale, hc, a.sinkhorn_iters, a.eps, a.head, a.pre + t * hc,
-                  a.head ? nullptr : a.post + t * hc, a.head ? nullptr : a.comb + t * hc * hc);
-}
-
-__global__ void hc_collapse_f32_sm90(const float* h, const float* pre, int64_t T, int hc, int64_t D,
-                                     float* x) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= T * D) return;
-  const int64_t t = i / D, d = i % D;
-  float s = 0.0f;
-  for (int j = 0; j < hc; ++j) s = fmaf(pre[t * hc + j], h[(t * hc + j) * D + d], s);
-  x[i] = s;
-}
 
 __global__ void hc_expand_f32_sm90(float* h, const float* a, const float* post, const float* comb,
                                    int64_t T, int hc, int64_t D) {
@@ -46,20 +26,6 @@ __global__ void hc_expand_f32_sm90(float* h, const float* a, const float* post, 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace
-
-Status hc_coeffs(const HcCoeffArgs& a, cudaStream_t stream) {
-  if (a.hc < 1 || a.hc > kMaxHc) return unsupported("mHC: hc_mult above 8 is not supported on the GPU");
-  if (a.T == 0) return Status::ok();
-  hc_coeffs_f32_sm90<<<blocks_for(a.T, 64), 64, 0, stream>>>(a);
-  return launch_status("hc_coeffs_f32_sm90");
-}
-
-Status hc_collapse(const float* h, const float* pre, int64_t T, int hc, int64_t D, float* x,
-                   cudaStream_t stream) {
-  if (T * D == 0) return Status::ok();
-  hc_collapse_f32_sm90<<<blocks_for(T * D, 256), 256, 0, stream>>>(h, pre, T, hc, D, x);
-  return launch_status("hc_collapse_f32_sm90");
-}
 
 Status hc_expand(float* h, const float* a, const float* post, const float* comb, int64_t T, int hc,
                  int64_t D, cudaStream_t stream) {
