@@ -126,6 +126,8 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
   cudaStream_t s = st.stream.get();
   // The previous step's replay may still read the I/O block: wait before rewriting it.
   AFF_RETURN_IF_ERROR(st.stream.synchronize());
+  // Back the caches for the new position on the host (a replay only sees the addresses).
+  AFF_RETURN_IF_ERROR(gpu_state_reserve(st, st.n_past + 1));
   g.io()->step = StepInfo{st.n_past, 1};
   g.io()->token = token;
   const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy};
@@ -156,8 +158,6 @@ Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const in
                    bool all_positions, std::vector<float>& logits, const dsv4::ForwardOptions& opts) {
   int n_layers = 0;
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
-  // Back the caches for the new positions (host side, before anything is enqueued).
-  AFF_RETURN_IF_ERROR(gpu_state_reserve(state, state.n_past + int64_t(tokens.size())));
   const int64_t V = model.config.vocab_size;
   logits.clear();
   if (tokens.size() == 1) {
@@ -185,8 +185,6 @@ Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, st
                                    const dsv4::ForwardOptions& opts) {
   int n_layers = 0;
   AFF_RETURN_IF_ERROR(validate(model, state, tokens, opts, n_layers));
-  // Back the caches for the new positions (host side, before anything is enqueued).
-  AFF_RETURN_IF_ERROR(gpu_state_reserve(state, state.n_past + int64_t(tokens.size())));
   if (tokens.size() == 1) {
     AFF_RETURN_IF_ERROR(decode_step(model, state, tokens[0], n_layers, opts, /*greedy=*/true));
     return state.decode_graph->io()->argmax;
