@@ -21,7 +21,6 @@ struct Profile {
   std::vector<Mark> marks;                  // the current step's marks, in order
   std::vector<cudaEvent_t> pool;            // reusable events
   std::map<std::string, double> total_ms;   // summed per stage name
-  std::map<std::string, long> count;
   int steps = 0;
 
   ~Profile() {
@@ -78,7 +77,6 @@ void prof_step_end(cudaStream_t stream) {
     float ms = 0.0f;
     if (cudaEventElapsedTime(&ms, p.marks[i - 1].event, p.marks[i].event) == cudaSuccess) {
       p.total_ms[p.marks[i].name] += ms;
-      p.count[p.marks[i].name] += 1;
     }
   }
   for (const Mark& m : p.marks) p.pool.push_back(m.event);
