@@ -21,6 +21,7 @@
 #include "../model/random_model.h"
 #include "backend/cuda/check/op_check.h"
 #include "backend/cuda/cuda_forward.h"
+#include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "format/npy.h"
 #include "gpu_test_util.h"
 #include "model/dsv4/forward.h"
@@ -202,7 +203,9 @@ TEST(TinyModelGpu, TeacherForcedAgreesWithCpuPath) {
               a.top1, ppl_gpu, ppl_cpu);
   EXPECT_GE(a.top1, kTinyMinTop1);
   EXPECT_LE(std::fabs(ppl_gpu / ppl_cpu - 1.0), kTinyMaxPplRel);
-  EXPECT_LE(a.rel_rms, kTolModelF32);
+  // The logits' own bound holds for the exact setting only; the fast one
+  // (bf16 operands) is held to the top-1 and perplexity bounds above.
+  if (mma_precision() != MmaPrecision::kBf16) EXPECT_LE(a.rel_rms, kTolModelF32);
 }
 
 TEST(TinyModelGpu, OpCheckerPassesOnTrainedWeights) {

@@ -84,7 +84,10 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
-  a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
+  // Always exact: the top-k below is a discrete choice, and bf16 scores flip
+  // near-ties, which moves whole rows of attention (golden csa_heavy_top3 went
+  // from 6e-7 to 2.3e-2). The product is small; 3 MMAs instead of 1 cost little.
+  a.precision = MmaPrecision::kBf16x3, a.scores = st.ws.scores.as<float>();
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;
@@ -243,9 +246,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const int64_t R = c.o_lora_rank, group_in = int64_t(H / G) * Dh;
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
-  if (T == 1 && mma_precision() == MmaPrecision::kBf16 && gemv_fp8_h2_supports(w.wo_a)) {
-    // Decode in the fast setting: all groups in one launch (group g's rows read o's slice g).
-    AFF_RETURN_IF_ERROR(gemv_fp8_h2(w.wo_a, 0, G * R, o, R, group_in, u, s));
+  if (!linear_uses_gemm(w.wo_a, T) && gemv_fp8_mma_supports(w.wo_a, 0, R)) {
+    // Decode: all groups in one launch (group g's rows read o's slice g).
+    AFF_RETURN_IF_ERROR(gemv_fp8_mma(w.wo_a, 0, G * R, o, int64_t(H) * Dh, T, u, G * R, R, group_in, s));
   } else {
     for (int g = 0; g < G; ++g)
       AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,

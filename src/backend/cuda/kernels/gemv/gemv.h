@@ -32,14 +32,20 @@ void gemv_set_ggml_ring(bool on);
 // Off by default until measured on the GPU; results are bit-identical.
 void gemv_set_native_perm(bool on);
 
-// Decode (T = 1) FP8-block GEMV on f16 packed FMAs (gemv_fp8_h2.cu): the fast
-// precision setting's path, ~1e-3 relative (x rounded to f16 after scaling by
-// 1/max|x|, f16 sums of 8 products). Rows [row_begin, row_end); row r reads x
-// slice k = r / rows_per_group - row_begin / rows_per_group at x + k * x_group_stride,
-// so the attention's grouped output projection is one launch. y: [row_end - row_begin].
-bool gemv_fp8_h2_supports(const DeviceLinear& w);
-Status gemv_fp8_h2(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t rows_per_group,
-                   int64_t x_group_stride, float* y, cudaStream_t stream);
+// Decode-sized (any T, up to 8 per launch) FP8-block GEMV on tensor cores
+// (gemv_fp8_mma.cu): f16 MMAs on hardware-converted weights, x staged as f16
+// hi + lo (exact setting, ~2^-22 relative) or hi alone (fast setting, ~2^-12).
+// Rows [row_begin, row_end); x: token t at x + t*ldx; y: token t at y + t*ldy,
+// [row_end - row_begin] each. Row r reads x's slice k = r / rows_per_group -
+// row_begin / rows_per_group at + k * x_group_stride, so the attention's
+// grouped output projection is one launch (ungrouped: rows_per_group >= w.out
+// rounded up to 16, stride 0). Needs row_begin and rows_per_group multiples of 16.
+bool gemv_fp8_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
+Status gemv_fp8_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
+                    int64_t T, float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride,
+                    cudaStream_t stream);
+// Raises the kernel's shared-memory limit (part of gemv_prepare).
+Status gemv_fp8_mma_prepare();
 
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {

@@ -236,7 +236,7 @@ Status gemv_prepare() {
   AFF_GEMV_PREPARE(kMXFP4g)
   AFF_GEMV_PREPARE(kGgmlOther)
 #undef AFF_GEMV_PREPARE
-  return Status::ok();
+  return gemv_fp8_mma_prepare();
 }
 
 void gemv_set_ggml_ring(bool on) { g_ggml_ring = on; }
@@ -258,9 +258,10 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
     gemv_ggml_f32_sm90<<<grid, kRowsPerBlock * 32, 0, stream>>>(GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
     return launch_status("gemv_ggml_f32_sm90");
   }
-  // Fast precision: FP8 decode rows on f16 packed FMAs (gemv_fp8_h2.cu).
-  if (T == 1 && mma_precision() == MmaPrecision::kBf16 && gemv_fp8_h2_supports(w))
-    return gemv_fp8_h2(w, row_begin, row_end, x, w.out, 0, y, stream);
+  // FP8 block-scaled rows: tensor-core GEMV (gemv_fp8_mma.cu), both precisions.
+  const int64_t whole = (w.out + 15) / 16 * 16;
+  if (gemv_fp8_mma_supports(w, row_begin, whole))
+    return gemv_fp8_mma(w, row_begin, row_end, x, ldx, T, y, ldy, whole, 0, stream);
   if (T == 1) return launch_path<1>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
   return launch_path<8>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
 }

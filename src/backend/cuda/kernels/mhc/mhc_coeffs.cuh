@@ -49,4 +49,45 @@ __device__ inline void hc_coefficients(const float* m, const float* base, const 
   for (int i = 0; i < hc * hc; ++i) comb[i] = c[i];
 }
 
+// Warp-parallel twin of hc_coefficients for hc * hc <= 32, called by all 32
+// lanes of one warp. One thread doing the 2 x iters dependent normalisation
+// passes (each an IEEE division per element) took >10 us per site, the largest
+// single cost of a decode step; here lane l owns comb element (l / hc, l % hc)
+// and a pass is hc shuffles, one sum and one division. Sums run over k (or j)
+// in index order, as in the sequential form.
+// m: [n_mix] (shared or registers of any lane: read by index); pre, post: [hc];
+// comb: [hc, hc] (outputs, any memory the warp can write).
+__device__ inline void hc_coefficients_warp(const float* m, const float* base, const float* scale, int hc,
+                                            int iters, float eps, bool head, float* pre, float* post,
+                                            float* comb) {
+  const int lane = threadIdx.x & 31;
+  if (lane < hc) {
+    pre[lane] = sigmoidf_(m[lane] * scale[0] + base[lane]) + eps;
+    if (!head) post[lane] = 2.0f * sigmoidf_(m[hc + lane] * scale[1] + base[hc + lane]);
+  }
+  if (head) return;
+  const int n = hc * hc;
+  const bool own = lane < n;
+  const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
+  float c = own ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
+  // Row softmax + eps.
+  float mx = __shfl_sync(0xffffffffu, c, j * hc);
+  for (int q = 1; q < hc; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, j * hc + q));
+  c = expf(c - mx);
+  float s = 0.0f;
+  for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, c, j * hc + q);
+  c = c * (1.0f / s) + eps;
+  for (int it = 0; it < max(iters, 1); ++it) {  // the reference always normalises columns once
+    if (it > 0) {
+      s = 0.0f;
+      for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, c, j * hc + q);
+      c /= s + eps;
+    }
+    s = 0.0f;
+    for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, c, q * hc + k);
+    c /= s + eps;
+  }
+  if (own) comb[lane] = c;
+}
+
 }  // namespace aff::cuda

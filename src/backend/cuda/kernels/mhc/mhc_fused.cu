@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_expanded(const HcFusedArgs& a, float* h, in
 template <int HC>
 __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   __shared__ float red[kThreads / 32];
-  __shared__ float coef[kMaxMix];
+  __shared__ float coef[kMaxMix + 1], mix[kMaxMix], post[HC], comb[HC * HC];
   __shared__ bool last;
   const int64_t t = blockIdx.y;
   const int64_t D = a.D, width = HC * D;
@@ -119,18 +119,24 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
     coef[threadIdx.x] = s;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     const float inv = 1.0f / sqrtf(coef[n_mix] / float(width) + a.norm_eps);
-    float m[kMaxMix];
-    for (int r = 0; r < n_mix; ++r) m[r] = coef[r] * inv;
-    float pre[HC], post[HC], comb[HC * HC];
-    hc_coefficients(m, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, pre, post, comb);
-    for (int j = 0; j < HC; ++j) coef[j] = pre[j], a.pre[t * HC + j] = pre[j];
-    if (!a.head) {
-      for (int j = 0; j < HC; ++j) a.post[t * HC + j] = post[j];
-      for (int i = 0; i < HC * HC; ++i) a.comb[t * HC * HC + i] = comb[i];
+    __syncwarp();
+    for (int r = lane; r < n_mix; r += 32) mix[r] = coef[r] * inv;
+    __syncwarp();
+    if (HC * HC <= 32) {
+      hc_coefficients_warp(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb);
+    } else if (lane == 0) {
+      hc_coefficients(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb);
     }
-    a.tickets[t] = 0;  // ready for the next launch (graph replays reuse it)
+    __syncwarp();
+    if (lane < HC) a.pre[t * HC + lane] = coef[lane];
+    if (!a.head) {
+      if (lane < HC) a.post[t * HC + lane] = post[lane];
+      for (int i = lane; i < HC * HC; i += 32) a.comb[t * HC * HC + i] = comb[i];
+    }
+    if (lane == 0) a.tickets[t] = 0;  // ready for the next launch (graph replays reuse it)
   }
   __syncthreads();
 
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   constexpr int kWarps = kSmallThreads / 32;
   __shared__ float wsum[kWarps][kVals];
   __shared__ float tot[kVals];
-  __shared__ float coef[HC];
+  __shared__ float coef[HC], post[HC], comb[HC * HC], mix[NMIX];
   const int64_t t = blockIdx.y;
   const int64_t D = a.D, width = HC * D;
   const int nb = gridDim.x;
@@ -232,8 +238,8 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
     tot[threadIdx.x] = p;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (atomicAdd(depart, 1u) == unsigned(nb - 1)) *arrive = 0, *depart = 0;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     float ss = 0.0f;
     {
       int g = NMIX;
@@ -242,24 +248,27 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
           if (j == k) ss += tot[g];
     }
     const float inv = 1.0f / sqrtf(ss / float(width) + a.norm_eps);
-    float m[NMIX];
-    for (int r = 0; r < NMIX; ++r) m[r] = tot[r] * inv;
-    float pre[HC], post[HC], comb[HC * HC];
-    hc_coefficients(m, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, pre, post, comb);
-    for (int j = 0; j < HC; ++j) coef[j] = pre[j];
+    if (lane < NMIX) mix[lane] = tot[lane] * inv;
+    __syncwarp();
+    hc_coefficients_warp(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb);
+    __syncwarp();
     if (blockIdx.x == 0) {
-      for (int j = 0; j < HC; ++j) a.pre[t * HC + j] = pre[j];
+      if (lane < HC) a.pre[t * HC + lane] = coef[lane];
       if (!a.head) {
-        for (int j = 0; j < HC; ++j) a.post[t * HC + j] = post[j];
-        for (int i = 0; i < HC * HC; ++i) a.comb[t * HC * HC + i] = comb[i];
+        if (lane < HC) a.post[t * HC + lane] = post[lane];
+        if (lane < HC * HC) a.comb[t * HC * HC + lane] = comb[lane];
       }
     }
-    // |x|^2 from the Gram matrix, kept in tot[0] for the block.
-    float xx = 0.0f;
-    int g = NMIX;
-    for (int j = 0; j < HC; ++j)
-      for (int k = j; k < HC; ++k, ++g) xx += (j == k ? 1.0f : 2.0f) * pre[j] * pre[k] * tot[g];
-    tot[0] = xx;
+    if (lane == 0) {
+      // Every block has read the partials: the last to leave resets the barrier.
+      if (atomicAdd(depart, 1u) == unsigned(nb - 1)) *arrive = 0, *depart = 0;
+      // |x|^2 from the Gram matrix, kept in tot[0] for the block.
+      float xx = 0.0f;
+      int g = NMIX;
+      for (int j = 0; j < HC; ++j)
+        for (int k = j; k < HC; ++k, ++g) xx += (j == k ? 1.0f : 2.0f) * coef[j] * coef[k] * tot[g];
+      tot[0] = xx;
+    }
   }
   __syncthreads();
   if (!live) return;
