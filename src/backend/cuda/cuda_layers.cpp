@@ -84,10 +84,7 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
-  // Always exact: the top-k below is a discrete choice, and bf16 scores flip
-  // near-ties, which moves whole rows of attention (golden csa_heavy_top3 went
-  // from 6e-7 to 2.3e-2). The product is small; 3 MMAs instead of 1 cost little.
-  a.precision = MmaPrecision::kBf16x3, a.scores = st.ws.scores.as<float>();
+  a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;

@@ -56,6 +56,26 @@ __device__ __forceinline__ float load_scale(const DeviceLinear& w, int64_t i) {
   }
 }
 
+// load_scale in two halves, so a kernel can issue the load early (with the
+// weights it scales) and pay for the decode only where the value is used.
+__device__ __forceinline__ uint32_t load_scale_raw(const DeviceLinear& w, int64_t i) {
+  switch (w.scale_type) {
+    case DevScale::kE8M0: return __ldg(w.scale + i);
+    case DevScale::kF32: return __ldg(reinterpret_cast<const uint32_t*>(w.scale) + i);
+    case DevScale::kBF16: return __ldg(reinterpret_cast<const uint16_t*>(w.scale) + i);
+    default: return 0;
+  }
+}
+
+__device__ __forceinline__ float decode_scale(const DeviceLinear& w, uint32_t raw) {
+  switch (w.scale_type) {
+    case DevScale::kE8M0: return e8m0_to_f32_dev(raw);
+    case DevScale::kF32: return __uint_as_float(raw);
+    case DevScale::kBF16: return bf16_bits_to_f32(uint16_t(raw));
+    default: return 1.0f;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

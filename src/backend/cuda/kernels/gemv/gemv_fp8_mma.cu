@@ -29,7 +29,9 @@
 // bytes) of loads in flight; the first are issued before x is staged, so the
 // staging hides under the first weight reads. Rows of consecutive groups of
 // rows_per_group may read their own slice of x (the attention's grouped
-// output projection in one launch): grid.y walks the groups.
+// output projection in one launch): grid.y walks the groups. Launched as a
+// programmatic dependent (runtime/pdl.h): the first weight loads are issued
+// before waiting for the kernel that produces x.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -41,6 +43,7 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -102,7 +105,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   const int64_t rg = min(row0 + g, hi - 1), rg8 = min(row0 + g + 8, hi - 1);  // tail rows re-read the last
   const uint8_t* wg = a.w.weight + rg * K + c * 16;
   const uint8_t* wg8 = a.w.weight + rg8 * K + c * 16;
+  // The block scales travel with the weights: loaded at use, each would cost
+  // a full memory latency per column block.
+  const int64_t srow = (min(row0, hi - 1) / a.w.block) * a.w.scale_cols;
   uint4 buf[kDepth][4];
+  uint32_t sraw[kDepth];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
     const int64_t kb = kb_begin + d;
@@ -111,8 +118,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
       buf[d][1] = ld_stream(wg8 + kb * 128);
       buf[d][2] = ld_stream(wg + kb * 128 + 64);
       buf[d][3] = ld_stream(wg8 + kb * 128 + 64);
+      sraw[d] = load_scale_raw(a.w, srow + kb);
     }
   }
+
+  // Launched as a programmatic dependent: everything above read only weights;
+  // x is the previous kernel's output. The whole grid is resident, so the next
+  // kernel may start its own prologue now.
+  pdl_launch_dependents();
+  pdl_wait();
 
   // Stage x: per token and 128-column block, f16 hi (and lo) scaled by 2^e.
   __half* xh = reinterpret_cast<__half*>(smem);
@@ -120,28 +134,40 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   float* xinv = reinterpret_cast<float*>(smem + T * xrow * 2 * (kExact ? 2 : 1));  // [T, nkb]
   const float* xg = a.x + (grp - a.row_begin / a.rows_per_group) * a.x_group_stride;
   const int nwarps = blockDim.x >> 5;
-  for (int64_t ch = warp; ch < T * nkb; ch += nwarps) {
-    const int64_t t = ch / nkb, kb = ch % nkb;
-    const float* src = xg + t * a.ldx + kb * 128;
-    float v[4], m = 0.0f;
+  // Four chunks per warp per round, all loads issued before any is used.
+  constexpr int kChunks = 4;
+  for (int64_t ch0 = warp; ch0 < T * nkb; ch0 += int64_t(nwarps) * kChunks) {
+    float v[kChunks][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = src[lane + 32 * i];
-      m = fmaxf(m, fabsf(v[i]));
-    }
-    m = warp_max(m);
-    int e = 0;
-    if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
-    e = max(e, -100);  // keeps 2^(14 - e) finite; blocks below 2^-100 round to zero
-    const float up = ldexpf(1.0f, 14 - e);
+    for (int q = 0; q < kChunks; ++q) {
+      const int64_t ch = ch0 + int64_t(q) * nwarps;
+      if (ch >= T * nkb) break;
+      const float* src = xg + (ch / nkb) * a.ldx + (ch % nkb) * 128;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float s = v[i] * up;
-      const __half h = __float2half_rn(s);
-      xh[t * xrow + kb * 128 + lane + 32 * i] = h;
-      if (kExact) xl[t * xrow + kb * 128 + lane + 32 * i] = __float2half_rn(s - __half2float(h));
+      for (int i = 0; i < 4; ++i) v[q][i] = src[lane + 32 * i];
     }
-    if (lane == 0) xinv[t * nkb + kb] = ldexpf(1.0f, e - 14);
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      const int64_t ch = ch0 + int64_t(q) * nwarps;
+      if (ch >= T * nkb) break;
+      const int64_t t = ch / nkb, kb = ch % nkb;
+      float m = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[q][i]));
+      m = warp_max(m);
+      int e = 0;
+      if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
+      e = max(e, -100);  // keeps 2^(14 - e) finite; blocks below 2^-100 round to zero
+      const float up = ldexpf(1.0f, 14 - e);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float sv = v[q][i] * up;
+        const __half h = __float2half_rn(sv);
+        xh[t * xrow + kb * 128 + lane + 32 * i] = h;
+        if (kExact) xl[t * xrow + kb * 128 + lane + 32 * i] = __float2half_rn(sv - __half2float(h));
+      }
+      if (lane == 0) xinv[t * nkb + kb] = ldexpf(1.0f, e - 14);
+    }
   }
   __syncthreads();
 
@@ -149,7 +175,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   // past T compute duplicates that are never written).
   const int64_t tb = g < T ? g : T - 1;
   const int64_t tc0 = 2 * c < T ? 2 * c : T - 1, tc1 = 2 * c + 1 < T ? 2 * c + 1 : T - 1;
-  const int64_t srow = (row0 / a.w.block) * a.w.scale_cols;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (active) {
     for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kDepth) {
@@ -157,7 +182,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
       for (int d = 0; d < kDepth; ++d) {
         const int64_t kb = kb0 + d;
         if (kb >= kb_end) break;
-        float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // Four independent accumulator chains (step x hi/lo): back-to-back
+        // MMAs on one accumulator would wait out each other's latency.
+        float cb[2][2][4] = {};
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
           const uint4 wr = buf[d][2 * st], wr8 = buf[d][2 * st + 1];
@@ -175,25 +202,29 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
             const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_to_f16x2(w0 >> 16),
                                     e4m3x2_to_f16x2(w8 >> 16)};
             const uint4& hb = j < 2 ? h0 : h1;
-            mma_f16_16816(cb, af, word(hb, (2 * j) & 3), word(hb, (2 * j + 1) & 3));
+            mma_f16_16816(cb[st][0], af, word(hb, (2 * j) & 3), word(hb, (2 * j + 1) & 3));
             if (kExact) {
               const uint4& lb = j < 2 ? l0 : l1;
-              mma_f16_16816(cb, af, word(lb, (2 * j) & 3), word(lb, (2 * j + 1) & 3));
+              mma_f16_16816(cb[st][1], af, word(lb, (2 * j) & 3), word(lb, (2 * j + 1) & 3));
             }
           }
         }
+        const float ws = decode_scale(a.w, sraw[d]);
         if (kb + kDepth < kb_end) {
           buf[d][0] = ld_stream(wg + (kb + kDepth) * 128);
           buf[d][1] = ld_stream(wg8 + (kb + kDepth) * 128);
           buf[d][2] = ld_stream(wg + (kb + kDepth) * 128 + 64);
           buf[d][3] = ld_stream(wg8 + (kb + kDepth) * 128 + 64);
+          sraw[d] = load_scale_raw(a.w, srow + kb + kDepth);
         }
-        const float ws = load_scale(a.w, srow + kb);
+        float cbs[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cbs[i] = (cb[0][0][i] + cb[1][0][i]) + (cb[0][1][i] + cb[1][1][i]);
         const float s0 = ws * xinv[tc0 * nkb + kb], s1 = ws * xinv[tc1 * nkb + kb];
-        acc[0] = fmaf(cb[0], s0, acc[0]);
-        acc[1] = fmaf(cb[1], s1, acc[1]);
-        acc[2] = fmaf(cb[2], s0, acc[2]);
-        acc[3] = fmaf(cb[3], s1, acc[3]);
+        acc[0] = fmaf(cbs[0], s0, acc[0]);
+        acc[1] = fmaf(cbs[1], s1, acc[1]);
+        acc[2] = fmaf(cbs[2], s0, acc[2]);
+        acc[3] = fmaf(cbs[3], s1, acc[3]);
       }
     }
   }
@@ -281,11 +312,10 @@ Status gemv_fp8_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, c
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt};
     const dim3 grid{unsigned(blocks), unsigned(groups)};
-    if (exact)
-      gemv_fp8_mma_sm90<true><<<grid, split * rt * 32, smem, stream>>>(a);
-    else
-      gemv_fp8_mma_sm90<false><<<grid, split * rt * 32, smem, stream>>>(a);
-    AFF_RETURN_IF_ERROR(launch_status("gemv_fp8_mma_sm90"));
+    const dim3 block(unsigned(split * rt * 32));
+    AFF_RETURN_IF_ERROR(cuda_status(
+        launch_pdl(exact ? gemv_fp8_mma_sm90<true> : gemv_fp8_mma_sm90<false>, grid, block, smem, stream, a),
+        "gemv_fp8_mma_sm90"));
   }
   return Status::ok();
 }

@@ -7,6 +7,7 @@
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -113,9 +114,15 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   __threadfence();
 
   // 3. reduce in block order, coefficients.
+  // All partials at once into shared memory (a loop of dependent L2 reads
+  // would pay the latency nb times), then sums in block order.
+  extern __shared__ float staged[];  // [nb, n_mix + 1]
+  for (int i = threadIdx.x; i < nb * (n_mix + 1); i += kThreads)
+    staged[i] = __ldcg(a.partials + t * nb * (n_mix + 1) + i);
+  __syncthreads();
   if (threadIdx.x <= n_mix) {
     float s = 0.0f;
-    for (int b = 0; b < nb; ++b) s += __ldcg(a.partials + (t * nb + b) * (n_mix + 1) + threadIdx.x);
+    for (int b = 0; b < nb; ++b) s += staged[b * (n_mix + 1) + threadIdx.x];
     coef[threadIdx.x] = s;
   }
   __syncthreads();
@@ -181,14 +188,18 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   const int64_t d = int64_t(blockIdx.x) * kSmallThreads + threadIdx.x;
   const bool live = d < D;
 
-  float v[HC];
-  load_expanded<HC>(a, h, t, d, live, v);
-
+  // The mixes matrix is a weight: its loads go out before waiting for the
+  // previous kernel (programmatic dependent launch, runtime/pdl.h).
   float f[NMIX][HC];
 #pragma unroll
   for (int r = 0; r < NMIX; ++r)
 #pragma unroll
     for (int j = 0; j < HC; ++j) f[r][j] = live ? fn_at(a, int64_t(r) * width + j * D + d) : 0.0f;
+  pdl_launch_dependents();  // the whole grid is resident (the barrier below needs it anyway)
+  pdl_wait();
+
+  float v[HC];
+  load_expanded<HC>(a, h, t, d, live, v);
   float vals[kVals];
 #pragma unroll
   for (int r = 0; r < NMIX; ++r) {
@@ -225,16 +236,23 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   unsigned* depart = arrive + 1;
   if (threadIdx.x == 0) {
     atomicAdd(arrive, 1u);
-    while (atomicAdd(arrive, 0u) < unsigned(nb)) {
-    }
+    // Poll with plain acquire loads: atomics from every block on one word serialise.
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrive) : "memory");
+    } while (seen < unsigned(nb));
   }
   __syncthreads();
   __threadfence();
 
-  // Every block reduces the partials in block order (the same sums in every block).
+  // Every block reduces the partials in block order (the same sums in every
+  // block), from a shared-memory copy loaded all at once.
+  extern __shared__ float staged[];  // [nb, kVals]
+  for (int i = threadIdx.x; i < nb * kVals; i += kSmallThreads) staged[i] = __ldcg(a.partials + t * nb * kVals + i);
+  __syncthreads();
   if (threadIdx.x < kVals) {
     float p = 0.0f;
-    for (int b = 0; b < nb; ++b) p += __ldcg(a.partials + (t * nb + b) * kVals + threadIdx.x);
+    for (int b = 0; b < nb; ++b) p += staged[b * kVals + threadIdx.x];
     tot[threadIdx.x] = p;
   }
   __syncthreads();
@@ -288,18 +306,20 @@ Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
   if (a.T > 65535) return internal_error("hc_fused: too many tokens in one launch");
   if (a.T <= kHcSmallT && a.hc == 4) {
     const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
-    if (a.head)
-      hc_fused_small_f32_sm90<4, 4><<<grid, kSmallThreads, 0, stream>>>(a);
-    else
-      hc_fused_small_f32_sm90<4, 24><<<grid, kSmallThreads, 0, stream>>>(a);
-    return launch_status("hc_fused_small_f32_sm90");
+    const size_t nb = grid.x;
+    const cudaError_t e =
+        a.head ? launch_pdl(hc_fused_small_f32_sm90<4, 4>, grid, dim3(kSmallThreads), nb * (4 + 10) * 4, stream, a)
+               : launch_pdl(hc_fused_small_f32_sm90<4, 24>, grid, dim3(kSmallThreads), nb * (24 + 10) * 4, stream, a);
+    return cuda_status(e, "hc_fused_small_f32_sm90");
   }
   const dim3 grid(unsigned(hc_fused_blocks(a.D)), unsigned(a.T));
+  const size_t smem = size_t(grid.x) * size_t((a.head ? a.hc : (2 + a.hc) * a.hc) + 1) * 4;
+  if (smem > 48 * 1024) return unsupported("mHC: hidden size too large for the fused kernel's reduction");
   switch (a.hc) {
-    case 1: hc_fused_f32_sm90<1><<<grid, kThreads, 0, stream>>>(a); break;
-    case 2: hc_fused_f32_sm90<2><<<grid, kThreads, 0, stream>>>(a); break;
-    case 4: hc_fused_f32_sm90<4><<<grid, kThreads, 0, stream>>>(a); break;
-    case 8: hc_fused_f32_sm90<8><<<grid, kThreads, 0, stream>>>(a); break;
+    case 1: hc_fused_f32_sm90<1><<<grid, kThreads, smem, stream>>>(a); break;
+    case 2: hc_fused_f32_sm90<2><<<grid, kThreads, smem, stream>>>(a); break;
+    case 4: hc_fused_f32_sm90<4><<<grid, kThreads, smem, stream>>>(a); break;
+    case 8: hc_fused_f32_sm90<8><<<grid, kThreads, smem, stream>>>(a); break;
     default: return unsupported("mHC: hc_mult " + std::to_string(a.hc) + " is not supported by the fused kernel");
   }
   return launch_status("hc_fused_f32_sm90");

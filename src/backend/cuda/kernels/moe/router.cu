@@ -40,10 +40,11 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
   }
   __syncwarp();
 
-  int32_t* ids = a.ids + t * a.k;
-  float* w = a.weights + t * a.k;
+  // The picks stay in shared memory: reading them back from the global output
+  // costs an L2 round trip per expert.
+  __shared__ int32_t sel[32];
   if (a.tid2eid) {
-    if (lane < a.k) ids[lane] = a.tid2eid[int64_t(a.tokens[t]) * a.k + lane];
+    if (lane < a.k) sel[lane] = a.tid2eid[int64_t(a.tokens[t]) * a.k + lane];
   } else {
     for (int e = lane; e < a.E; e += 32) biased[e] = s[e] + (a.bias ? a.bias[e] : 0.0f);
     __syncwarp();
@@ -61,17 +62,19 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
         if (ov > best || (ov == best && oid < best_id)) best = ov, best_id = oid;
       }
       if (lane == 0) {
-        ids[i] = best_id;
+        sel[i] = best_id;
         biased[best_id] = -INFINITY;
       }
       __syncwarp();
     }
   }
   __syncwarp();
-  if (lane == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < a.k; ++i) sum += s[ids[i]];
-    for (int i = 0; i < a.k; ++i) w[i] = s[ids[i]] / (sum + 1e-20f) * a.scaling;
+  // Sum in pick order (as the reference), every lane the same; lane i writes pick i.
+  float sum = 0.0f;
+  for (int i = 0; i < a.k; ++i) sum += s[sel[i]];
+  if (lane < a.k) {
+    a.ids[t * a.k + lane] = sel[lane];
+    a.weights[t * a.k + lane] = s[sel[lane]] / (sum + 1e-20f) * a.scaling;
   }
 }
 
