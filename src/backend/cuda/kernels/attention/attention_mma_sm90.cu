@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
@@ -112,6 +113,8 @@ __device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits,
 
 template <int NT, bool kSplit, int MT>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   using L = Layout<NT, kSplit, MT>;
   constexpr int DP = L::DP, LD = L::LD, kRows = L::R, KS = L::KS;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -347,6 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
 // memory; each thread then owns 4 channels and sums the splits with several
 // loads in flight (the merge is latency bound, not bandwidth bound).
 __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(AttentionArgs a, int splits) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   __shared__ float wt[kMaxSplits];
   __shared__ float s_inv;
   const int64_t t = blockIdx.x;
@@ -457,8 +462,9 @@ template <int NT, bool kSplit, int MT>
 Status launch(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream) {
   using L = Layout<NT, kSplit, MT>;
   const dim3 grid(unsigned(p.splits), unsigned(a.T), unsigned((a.H + L::R - 1) / L::R));
-  attention_mma_sm90<NT, kSplit, MT><<<grid, kThreads, L::bytes, stream>>>(a, p.splits, p.keys_per_split);
-  return launch_status("attention_mma_sm90");
+  const cudaError_t e = launch_pdl(attention_mma_sm90<NT, kSplit, MT>, grid, dim3(kThreads), L::bytes, stream, a,
+                                     p.splits, p.keys_per_split);
+  return cuda_status(e, "attention_mma_sm90");
 }
 
 template <bool kSplit, int MT>
@@ -494,8 +500,9 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(split ? (few ? launch_nt<true, 1>(a, p, stream) : launch_nt<true, 4>(a, p, stream))
                             : (few ? launch_nt<false, 1>(a, p, stream) : launch_nt<false, 4>(a, p, stream)));
   if (p.splits == 1) return Status::ok();
-  attention_merge_f32_sm90<<<dim3(unsigned(a.T), unsigned(a.H)), kMergeThreads, 0, stream>>>(a, p.splits);
-  return launch_status("attention_merge_f32_sm90");
+  const cudaError_t e = launch_pdl(attention_merge_f32_sm90, dim3(unsigned(a.T), unsigned(a.H)), dim3(kMergeThreads), 0,
+                                     stream, a, p.splits);
+  return cuda_status(e, "attention_merge_f32_sm90");
 }
 
 }  // namespace aff::cuda

@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/compressor/compressor.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -62,6 +63,8 @@ __device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t
 }
 
 __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   const StepInfo st = *a.step;
   if (blockIdx.x >= new_entries(st, a.ratio)) return;
   const int64_t b = first_new_entry(st, a.ratio) + blockIdx.x;
@@ -101,6 +104,8 @@ __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorP
 }
 
 __global__ void ring_store_f32_sm90(RingStoreArgs a, int64_t t_first) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t n = (a.T - t_first) * a.width;
   if (i >= n) return;
@@ -120,16 +125,17 @@ Status compressor_pool(const CompressorPoolArgs& a, cudaStream_t stream) {
   // The most entries T consecutive positions can complete, wherever they start.
   const int64_t most = a.T / a.ratio + 1;
   if (most > 0x7fffffff) return internal_error("compressor_pool: too many entries in one launch");
-  compressor_pool_f32_sm90<<<unsigned(most), kThreads, 0, stream>>>(a);
-  return launch_status("compressor_pool_f32_sm90");
+  const cudaError_t e = launch_pdl(compressor_pool_f32_sm90, dim3(unsigned(most)), dim3(kThreads), 0, stream, a);
+  return cuda_status(e, "compressor_pool_f32_sm90");
 }
 
 Status ring_store(const RingStoreArgs& a, cudaStream_t stream) {
   const int64_t t_first = a.T > a.capacity ? a.T - a.capacity : 0;
   const int64_t n = (a.T - t_first) * a.width;
   if (n <= 0) return Status::ok();
-  ring_store_f32_sm90<<<unsigned((n + 255) / 256), 256, 0, stream>>>(a, t_first);
-  return launch_status("ring_store_f32_sm90");
+  const cudaError_t e = launch_pdl(ring_store_f32_sm90, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, a,
+                                   t_first);
+  return cuda_status(e, "ring_store_f32_sm90");
 }
 
 }  // namespace aff::cuda

@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/device_info.h"
 
 namespace aff::cuda {
@@ -55,7 +56,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   }
 }
 
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_ggml_f32_sm90(GemvArgs a) { gemv_body<DevFormat::kGgml>(a); }
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_ggml_f32_sm90(GemvArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait(); gemv_body<DevFormat::kGgml>(a); }
 
 // ---- the fast kernel ---------------------------------------------------------------------
 
@@ -75,6 +78,8 @@ struct FastArgs {
 
 template <WPath P, int TT>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_any_f32_sm90(FastArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   extern __shared__ __align__(16) uint8_t xs_smem[];
   __shared__ float red[kMaxWarps][TT];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
@@ -184,9 +189,9 @@ Status launch_fast(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
   const int64_t cap = ggml ? int64_t(sms) * 2 : perm ? int64_t(sms) * 4 : int64_t(sms) * 16;
   const dim3 grid(unsigned(std::min(groups, cap)), unsigned((T + TT - 1) / TT));
   ActF32 xa{x, ldx, (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (ldx % 4 == 0)};
-  gemv_any_f32_sm90<P, TT><<<grid, n_warps * 32, smem, stream>>>(FastArgs{w, row_begin, n_rows, xa, T, y, ldy, S,
-                                                                                   ring ? stage : -1, perm ? int(V) : 0});
-  return launch_status("gemv_any_f32_sm90");
+  const FastArgs args{w, row_begin, n_rows, xa, T, y, ldy, S, ring ? stage : -1, perm ? int(V) : 0};
+  return cuda_status(launch_pdl(gemv_any_f32_sm90<P, TT>, grid, dim3(n_warps * 32), smem, stream, args),
+                     "gemv_any_f32_sm90");
 }
 
 template <int TT>
@@ -255,8 +260,9 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
     // Rows too long to stage 8 tokens: the warp-per-row kernel with f32 activations.
     const dim3 grid(unsigned((n_rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((T + kTokTile - 1) / kTokTile));
     if (grid.y > 65535u) return internal_error("gemv: too many tokens in one launch");
-    gemv_ggml_f32_sm90<<<grid, kRowsPerBlock * 32, 0, stream>>>(GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
-    return launch_status("gemv_ggml_f32_sm90");
+    const cudaError_t e = launch_pdl(gemv_ggml_f32_sm90, grid, dim3(kRowsPerBlock * 32), 0, stream,
+                                           GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
+    return cuda_status(e, "gemv_ggml_f32_sm90");
   }
   // FP8 block-scaled rows: tensor-core GEMV (gemv_fp8_mma.cu), both precisions.
   const int64_t whole = (w.out + 15) / 16 * 16;

@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -56,6 +57,8 @@ struct ScoreLayout {
 
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   using L = ScoreLayout<kSplit>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
@@ -198,6 +201,8 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* w
 // four radix passes and the compaction do not go back to global memory.
 template <int NT, bool kStaged>
 __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   extern __shared__ uint32_t staged[];  // [ld] when kStaged
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_remaining;
@@ -325,8 +330,8 @@ Status launch_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   using L = ScoreLayout<kSplit>;
   AFF_RETURN_IF_ERROR(smem_ready());
   const dim3 grid(unsigned((a.capacity + kKeyTile - 1) / kKeyTile), unsigned((a.T + kQueries - 1) / kQueries));
-  indexer_scores_mma_sm90<kSplit><<<grid, kThreads, L::bytes, stream>>>(a);
-  return launch_status("indexer_scores_mma_sm90");
+  const cudaError_t e = launch_pdl(indexer_scores_mma_sm90<kSplit>, dim3(grid), dim3(kThreads), L::bytes, stream, a);
+  return cuda_status(e, "indexer_scores_mma_sm90");
 }
 
 }  // namespace
@@ -347,8 +352,8 @@ template <int NT, bool kStaged>
 Status launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = kStaged ? size_t(a.ld) * 4 : 0;
   AFF_RETURN_IF_ERROR(smem_ready());
-  indexer_topk_f32_sm90<NT, kStaged><<<unsigned(a.T), NT, smem, stream>>>(a);
-  return launch_status("indexer_topk_f32_sm90");
+  const cudaError_t e = launch_pdl(indexer_topk_f32_sm90<NT, kStaged>, dim3(unsigned(a.T)), dim3(NT), smem, stream, a);
+  return cuda_status(e, "indexer_topk_f32_sm90");
 }
 
 }  // namespace

@@ -8,12 +8,15 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
 
 __global__ void embed_f32_sm90(const uint8_t* table, DevFormat format, const int32_t* tokens, int64_t T,
                                int64_t D, int hc, float* h) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * D) return;
   const int64_t t = i / D, d = i % D;
@@ -32,6 +35,8 @@ __device__ __forceinline__ void keep_max(float v, int32_t i, float& best, int32_
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_f32_sm90(const float* x, int64_t n, int32_t* out) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int32_t si[kArgmaxThreads / 32];
   const float* row = x + int64_t(blockIdx.x) * n;
@@ -83,14 +88,14 @@ Status embed_rows(const uint8_t* table, DevFormat format, const int32_t* tokens,
   if (format != DevFormat::kF32 && format != DevFormat::kBF16 && format != DevFormat::kF16)
     return unsupported("embedding: table format not supported on the GPU");
   if (T * D == 0) return Status::ok();
-  embed_f32_sm90<<<unsigned((T * D + 255) / 256), 256, 0, stream>>>(table, format, tokens, T, D, hc, h);
-  return launch_status("embed_f32_sm90");
+  const cudaError_t e = launch_pdl(embed_f32_sm90, dim3(unsigned((T * D + 255) / 256)), dim3(256), 0, stream, table, format, tokens, T, D, hc, h);
+  return cuda_status(e, "embed_f32_sm90");
 }
 
 Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return Status::ok();
-  argmax_f32_sm90<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(x, n, out);
-  return launch_status("argmax_f32_sm90");
+  const cudaError_t e = launch_pdl(argmax_f32_sm90, dim3(unsigned(rows)), dim3(kArgmaxThreads), 0, stream, x, n, out);
+  return cuda_status(e, "argmax_f32_sm90");
 }
 
 }  // namespace aff::cuda

@@ -5,6 +5,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -16,6 +17,8 @@ __device__ __forceinline__ float score_of(ScoreFunc f, float x) {
 }
 
 __global__ void router_topk_f32_sm90(RouterArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   extern __shared__ float smem[];
   float* s = smem;          // [E] scores
   float* biased = smem + a.E;  // [E] selection keys
@@ -85,8 +88,8 @@ Status router_topk(const RouterArgs& a, cudaStream_t stream) {
   if (a.k > 32 || a.k > a.E) return internal_error("router_topk: k must be <= 32 and <= E");
   const size_t smem = size_t(a.E) * 2 * sizeof(float);
   if (smem > 48 * 1024) return internal_error("router_topk: too many experts for shared memory");
-  router_topk_f32_sm90<<<unsigned(a.T), 32, smem, stream>>>(a);
-  return launch_status("router_topk_f32_sm90");
+  const cudaError_t e = launch_pdl(router_topk_f32_sm90, dim3(unsigned(a.T)), dim3(32), smem, stream, a);
+  return cuda_status(e, "router_topk_f32_sm90");
 }
 
 }  // namespace aff::cuda

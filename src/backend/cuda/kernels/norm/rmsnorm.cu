@@ -3,6 +3,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -11,6 +12,8 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) rmsnorm_f32_sm90(const float* x, float* y, int64_t n,
                                                              const float* weight, float eps) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   __shared__ float partial[kThreads / 32];
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
@@ -35,8 +38,8 @@ Status rmsnorm_f32(const float* x, float* y, int64_t rows, int64_t n, const floa
                    cudaStream_t stream) {
   if (rows == 0) return Status::ok();
   if (rows > 0x7fffffff) return internal_error("rmsnorm: too many rows");
-  rmsnorm_f32_sm90<<<unsigned(rows), kThreads, 0, stream>>>(x, y, n, weight, eps);
-  return launch_status("rmsnorm_f32_sm90");
+  const cudaError_t e = launch_pdl(rmsnorm_f32_sm90, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, y, n, weight, eps);
+  return cuda_status(e, "rmsnorm_f32_sm90");
 }
 
 }  // namespace aff::cuda

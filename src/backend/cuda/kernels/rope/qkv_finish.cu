@@ -6,6 +6,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
@@ -14,6 +15,8 @@ constexpr int kThreads = 128;
 constexpr int kMaxLen = 1024;
 
 __global__ void __launch_bounds__(kThreads) qkv_finish_f32_sm90(QkvFinishArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   __shared__ float row[kMaxLen];
   __shared__ float red[kThreads / 32];
   int64_t r = blockIdx.x;
@@ -76,8 +79,8 @@ Status qkv_finish(const QkvFinishArgs& a, cudaStream_t stream) {
   }
   if (rows == 0) return Status::ok();
   if (rows > 0x7fffffff) return internal_error("qkv_finish: too many rows");
-  qkv_finish_f32_sm90<<<unsigned(rows), kThreads, 0, stream>>>(a);
-  return launch_status("qkv_finish_f32_sm90");
+  const cudaError_t e = launch_pdl(qkv_finish_f32_sm90, dim3(unsigned(rows)), dim3(kThreads), 0, stream, a);
+  return cuda_status(e, "qkv_finish_f32_sm90");
 }
 
 }  // namespace aff::cuda

@@ -3,11 +3,14 @@
 // build does not use fast math, so large angles are reduced correctly).
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
 
 __global__ void rope_interleaved_f32_sm90(RopeArgs a) {
+  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.rows * a.half) return;
   const int64_t r = i / a.half;
@@ -29,8 +32,8 @@ __global__ void rope_interleaved_f32_sm90(RopeArgs a) {
 Status rope_f32(const RopeArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.half;
   if (n == 0) return Status::ok();
-  rope_interleaved_f32_sm90<<<unsigned((n + 255) / 256), 256, 0, stream>>>(a);
-  return launch_status("rope_interleaved_f32_sm90");
+  const cudaError_t e = launch_pdl(rope_interleaved_f32_sm90, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, a);
+  return cuda_status(e, "rope_interleaved_f32_sm90");
 }
 
 }  // namespace aff::cuda
