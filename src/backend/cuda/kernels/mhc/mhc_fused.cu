@@ -15,6 +15,15 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
 
+// fn element i with its dtype known at compile time (FNT = HcFusedArgs::fn_dtype):
+// a per-element switch kept the compiler from batching a thread's 96 loads.
+template <int FNT>
+__device__ __forceinline__ float fn_load(const void* fn, int64_t i) {
+  if constexpr (FNT == 1) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(fn)[i]);
+  else if constexpr (FNT == 2) return __half2float(reinterpret_cast<const __half*>(fn)[i]);
+  else return reinterpret_cast<const float*>(fn)[i];
+}
+
 __device__ __forceinline__ float fn_at(const HcFusedArgs& a, int64_t i) {
   switch (a.fn_dtype) {
     case 1: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.fn)[i]);
@@ -173,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
 // the barrier needs. All fn loads of a thread are issued before any is used.
 constexpr int kSmallThreads = 128;
 
-template <int HC, int NMIX>
+template <int HC, int NMIX, int FNT>
 __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFusedArgs a) {
   constexpr int kGram = HC * (HC + 1) / 2;
   constexpr int kVals = NMIX + kGram;
@@ -194,7 +203,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
 #pragma unroll
   for (int r = 0; r < NMIX; ++r)
 #pragma unroll
-    for (int j = 0; j < HC; ++j) f[r][j] = live ? fn_at(a, int64_t(r) * width + j * D + d) : 0.0f;
+    for (int j = 0; j < HC; ++j) f[r][j] = live ? fn_load<FNT>(a.fn, int64_t(r) * width + j * D + d) : 0.0f;
   pdl_launch_dependents();  // the whole grid is resident (the barrier below needs it anyway)
   pdl_wait();
 
@@ -242,8 +251,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrive) : "memory");
     } while (seen < unsigned(nb));
   }
-  __syncthreads();
-  __threadfence();
+  __syncthreads();  // orders the block after thread 0's acquire
 
   // Every block reduces the partials in block order (the same sums in every
   // block), from a shared-memory copy loaded all at once.
@@ -307,9 +315,20 @@ Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
   if (a.T <= kHcSmallT && a.hc == 4) {
     const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
     const size_t nb = grid.x;
-    const cudaError_t e =
-        a.head ? launch_pdl(hc_fused_small_f32_sm90<4, 4>, grid, dim3(kSmallThreads), nb * (4 + 10) * 4, stream, a)
-               : launch_pdl(hc_fused_small_f32_sm90<4, 24>, grid, dim3(kSmallThreads), nb * (24 + 10) * 4, stream, a);
+    const dim3 block(kSmallThreads);
+    cudaError_t e;
+#define AFF_HC_SMALL(FNT_)                                                                                 \
+  case FNT_:                                                                                               \
+    e = a.head ? launch_pdl(hc_fused_small_f32_sm90<4, 4, FNT_>, grid, block, nb * (4 + 10) * 4, stream, a) \
+               : launch_pdl(hc_fused_small_f32_sm90<4, 24, FNT_>, grid, block, nb * (24 + 10) * 4, stream, a); \
+    break;
+    switch (a.fn_dtype) {
+      AFF_HC_SMALL(0)
+      AFF_HC_SMALL(1)
+      AFF_HC_SMALL(2)
+      default: return internal_error("hc_fused: unknown mixes dtype");
+    }
+#undef AFF_HC_SMALL
     return cuda_status(e, "hc_fused_small_f32_sm90");
   }
   const dim3 grid(unsigned(hc_fused_blocks(a.D)), unsigned(a.T));
