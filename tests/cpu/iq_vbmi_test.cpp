@@ -1,7 +1,7 @@
-// The VBMI IQ2_XS and IQ3_XXS kernels (not yet in the selector table) against the
-// dequantising reference, and their batched forms bit-identical to them: random rows
-// (every grid row, sign index and scale), odd block and row counts, one and several
-// tokens.
+// The VBMI IQ2_XS, IQ3_XXS, IQ1_S and IQ1_M kernels against the dequantising reference,
+// and their batched forms bit-identical to them: random rows (every grid row, sign index,
+// delta sign and scale), odd block and row counts, one and several tokens. Called
+// directly, so they are checked even where the selector would pick another kernel.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,6 +24,12 @@ void gemm_iq2xs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int6
 void gemv_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act, float* y);
 void gemm_iq3xxs_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
                                  int64_t act_stride, int64_t n, float* y, int64_t ldy);
+void gemv_iq1s_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act, float* y);
+void gemm_iq1s_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                               int64_t act_stride, int64_t n, float* y, int64_t ldy);
+void gemv_iq1m_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act, float* y);
+void gemm_iq1m_q8kt_avx512vbmi(const uint8_t* w, int64_t rb, int64_t rows, int64_t cols, const void* act,
+                               int64_t act_stride, int64_t n, float* y, int64_t ldy);
 }  // namespace aff::cpu::isa
 
 namespace aff::cpu {
@@ -89,7 +95,11 @@ INSTANTIATE_TEST_SUITE_P(Types, IqVbmiTest,
                          ::testing::Values(VbmiKernel{GgmlType::kIQ2_XS, isa::gemv_iq2xs_q8kt_avx512vbmi,
                                                       isa::gemm_iq2xs_q8kt_avx512vbmi},
                                            VbmiKernel{GgmlType::kIQ3_XXS, isa::gemv_iq3xxs_q8kt_avx512vbmi,
-                                                      isa::gemm_iq3xxs_q8kt_avx512vbmi}),
+                                                      isa::gemm_iq3xxs_q8kt_avx512vbmi},
+                                           VbmiKernel{GgmlType::kIQ1_S, isa::gemv_iq1s_q8kt_avx512vbmi,
+                                                      isa::gemm_iq1s_q8kt_avx512vbmi},
+                                           VbmiKernel{GgmlType::kIQ1_M, isa::gemv_iq1m_q8kt_avx512vbmi,
+                                                      isa::gemm_iq1m_q8kt_avx512vbmi}),
                          [](const auto& info) { return std::string(quant::ggml_type_name(info.param.type)); });
 
 }  // namespace

@@ -5,11 +5,15 @@
 //   aff-bench-cpu [--types Q4_K,Q2_K,...] [--rows 2048] [--cols 4096] [--mib 1024]
 //                 [--threads N] [--disable avx512|vnni|vbmi|avx2] [--reps 3] [--batch 4]
 //                 [--single 0|1]   (0: skip the one-thread columns)
+//                 [--amx-batches 4,8,16,32]
 // Every ISA the CPU runs is timed; '*' marks the selector's pick, and the last line per
 // type says whether that pick was the fastest with its weights in L2 ("L2 Gw/s", one
 // thread: compute speed, which DRAM-bound runs hide). "gemm xN" streams the same
 // experts for N tokens at once (prefill, experts hit by several tokens): its GB/s are
-// weight bytes per second, its Gw/s count every token's multiply-adds. "rows split per
+// weight bytes per second, its Gw/s count every token's multiply-adds; the ISA in
+// brackets is the path gemm() took. Where the kernel has an AMX form and the CPU has AMX,
+// "gemm xN (avx512)" and "gemm xN (amx)" force either path for each N of --amx-batches,
+// which is how the AMX threshold (amx_min_tokens) is chosen. "rows split per
 // expert" is the engine's former decode path (cpu::linear_fast_rows, one projection at
 // a time split over all threads); "moe layer, one region" is the current one
 // (cpu::moe_lane_experts: a layer's 7 experts, one token each, in one parallel region).
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
   int threads = omp_get_max_threads(), reps = 3;
   int64_t batch = 4;
   bool single = true;  // also time one thread (the "1T" columns)
+  std::string amx_batches = "4,8,16,32";
   std::string disable;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -136,10 +141,12 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && has) batch = std::atoll(argv[++i]);
     else if (a == "--disable" && has) disable = argv[++i];
     else if (a == "--single" && has) single = std::atoi(argv[++i]) != 0;
+    else if (a == "--amx-batches" && has) amx_batches = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: aff-bench-cpu [--types Q4_K,...] [--rows N] [--cols N] [--mib N] [--threads N] "
-                   "[--reps N] [--batch N] [--disable avx512|vnni|vbmi|avx2] [--single 0|1]\n");
+                   "[--reps N] [--batch N] [--disable avx512|vnni|vbmi|amx|avx2] [--single 0|1] "
+                   "[--amx-batches N,N,...]\n");
       return 2;
     }
   }
@@ -148,6 +155,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const aff::cpu::CpuFeatures feats = aff::cpu::cpu_features_without(aff::cpu::cpu_features(), disable);
+  std::vector<int64_t> amx_ns;
+  if (feats.amx_int8 && feats.avx512_vbmi) {
+    for (const auto& b : split(amx_batches)) {
+      if (!b.empty() && std::atoll(b.c_str()) > 0) amx_ns.push_back(std::atoll(b.c_str()));
+    }
+  }
+  const int64_t max_batch = std::max(batch, amx_ns.empty() ? int64_t(1) : *std::max_element(amx_ns.begin(), amx_ns.end()));
   std::printf("aff-bench-cpu  %s  [%s]  threads=%d  expert %lldx%lld, ~%lld MiB of weights per type\n",
               cpu_model().c_str(), aff::cpu::cpu_features_string(feats).c_str(), threads, (long long)rows,
               (long long)cols, (long long)mib);
@@ -178,17 +192,17 @@ int main(int argc, char** argv) {
     const int64_t n_exp = (n_exp_min + threads - 1) / threads * threads;
     std::vector<uint8_t> w(size_t(n_exp * expert_bytes));
     fill_weights(*type, w.data(), w.size(), 11);
-    // `batch` activations; a GEMV uses the first.
+    // `max_batch` activations; a GEMV uses the first.
     const int64_t act_stride = aff::cpu::act_bytes(af, cols);
-    std::vector<uint8_t> act(size_t(batch * act_stride));
+    std::vector<uint8_t> act(size_t(max_batch * act_stride));
     std::mt19937 rng(3);
     std::normal_distribution<float> nd;
     std::vector<float> x(static_cast<size_t>(cols));
-    for (int64_t t = 0; t < batch; ++t) {
+    for (int64_t t = 0; t < max_batch; ++t) {
       for (auto& v : x) v = nd(rng);
       aff::cpu::quantize_act(af, x, act.data() + t * act_stride);
     }
-    std::vector<float> y(size_t(n_exp * rows * batch));
+    std::vector<float> y(size_t(n_exp * rows * max_batch));
 
     // Best-of-reps seconds for one pass over every expert with nt threads; n tokens per
     // expert (1 = GEMV, else the batched gemm).
@@ -248,9 +262,22 @@ int main(int argc, char** argv) {
       if (hot > best_hot) best_hot = hot, best = k.name;
     }
     if (batch > 1) {
-      report(fmt::format("  gemm x{} ({})", batch, aff::cpu::isa_name(selected->isa)),
-             single ? run(*selected, 1, batch) : 0.0,
-             run(*selected, threads, batch), batch, 0);
+      // gemm() takes the AMX kernel where it would in the engine; feats may say otherwise.
+      aff::cpu::GemvKernel k = *selected;
+      if (!feats.amx_int8) k.amx_fn = nullptr;
+      const std::string path = aff::cpu::gemm_uses_amx(k, batch) ? "amx" : std::string(aff::cpu::isa_name(k.isa));
+      report(fmt::format("  gemm x{} ({})", batch, path), single ? run(k, 1, batch) : 0.0, run(k, threads, batch),
+             batch, 0);
+    }
+    if (selected->amx_fn != nullptr) {
+      aff::cpu::GemvKernel vnni = *selected, amx = *selected;
+      vnni.amx_fn = nullptr;
+      amx.amx_min_tokens = 1;
+      for (const int64_t nb : amx_ns) {
+        report(fmt::format("  gemm x{} ({})", nb, aff::cpu::isa_name(vnni.isa)), single ? run(vnni, 1, nb) : 0.0,
+               run(vnni, threads, nb), nb, 0);
+        report(fmt::format("  gemm x{} (amx)", nb), single ? run(amx, 1, nb) : 0.0, run(amx, threads, nb), nb, 0);
+      }
     }
     // The engine's decode path: ref::linear -> cpu::linear_fast_rows for one token, one
     // expert after another, each split by rows over all threads (a fork/join per

@@ -6,6 +6,10 @@
 #include <cpuid.h>
 #define AFF_CPU_X86 1
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace aff::cpu {
 namespace {
@@ -17,6 +21,19 @@ uint64_t read_xcr0() {
   uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (uint64_t(hi) << 32) | lo;
+}
+
+// Linux keeps the 8 KiB AMX tile state out of a process's signal frames and context
+// switches until the process asks for it; a tile instruction without that permission
+// faults. Granted once per process, for all its threads.
+bool request_tile_data() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kXfeatureXtiledata = 18;     // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 CpuFeatures detect() {
@@ -47,7 +64,7 @@ CpuFeatures detect() {
   f.avx512 = f.avx2 && bmi2 && zmm_saved && avx512f && avx512bw && avx512vl;
   f.avx512_vnni = f.avx512 && vnni;
   f.avx512_vbmi = f.avx512_vnni && vbmi && gfni;  // the VBMI kernels also use gf2p8affineqb
-  f.amx_int8 = tile_saved && amx_tile && amx_int8;
+  f.amx_int8 = tile_saved && amx_tile && amx_int8 && f.avx512 && request_tile_data();
   return f;
 }
 #else
@@ -68,7 +85,8 @@ CpuFeatures cpu_features_without(const CpuFeatures& f, const std::string& disabl
     const size_t comma = disable.find(',', pos);
     const std::string item = disable.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (item == "avx2") out = CpuFeatures{};
-    if (item == "avx512") out.avx512 = out.avx512_vnni = out.avx512_vbmi = false;
+    if (item == "avx512") out.avx512 = out.avx512_vnni = out.avx512_vbmi = out.amx_int8 = false;
+    if (item == "amx") out.amx_int8 = false;
     if (item == "vnni") out.avx512_vnni = out.avx512_vbmi = false;
     if (item == "vbmi") out.avx512_vbmi = false;
     if (comma == std::string::npos) break;

@@ -9,8 +9,9 @@
 //   avx2:    AVX2 + FMA + F16C
 //   avx512:  AVX-512 F/BW/VL + VNNI (vpdpbusd) + BMI2; without VNNI the avx2 kernels run
 //   avx512vbmi: the above + VBMI (byte permutes, vpmultishiftqb): the codebook formats
-// AMX is not used: for one activation vector (decode) a tile multiply buys nothing over
-// VNNI while the weights stream from DRAM.
+// AMX-INT8 (tile multiplies) only serves the batched gemm(), for Q8_0, Q2_K and Q4_K and
+// from amx_min_tokens tokens on: for one activation vector (decode) a tile multiply buys
+// nothing over VNNI while the weights stream from DRAM.
 #pragma once
 
 #include <cstdint>
@@ -46,10 +47,15 @@ struct GemvKernel {
   Isa isa;
   GemvFn fn;
   GemmFn gemm_fn = nullptr;  // fused multi-token kernel; nullptr: gemm() calls fn per token
+  // AMX-INT8 form of gemm_fn, used by gemm() for n >= amx_min_tokens where the CPU has
+  // AMX (gemm_uses_amx); nullptr: none.
+  GemmFn amx_fn = nullptr;
+  int amx_min_tokens = 0;
 };
 
 // Weight types the CPU lane has kernels for (scalar, AVX2 and AVX-512 each): Q8_0, Q4_K,
-// Q3_K, Q2_K, IQ4_XS, IQ2_XXS (also AVX-512 VBMI), IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M, MXFP4.
+// Q3_K, Q2_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M, MXFP4; the five codebook
+// formats also AVX-512 VBMI, and Q8_0, Q2_K, Q4_K an AMX form of their gemm.
 bool gemv_has_kernels(quant::GgmlType t);
 // The activation format kernels for weight type t take (requires gemv_has_kernels(t)).
 ActFormat gemv_act_format(quant::GgmlType t);
@@ -72,7 +78,12 @@ void gemv_parallel(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int
 // The rows are walked in tiles small enough to stay in L2 while every token is applied,
 // so the weights stream from memory once for all n tokens; kernels with a gemm_fn also
 // decode each weight step once for up to four tokens. Every y value is bit-identical to
-// what gemv gives for that token (same per-token arithmetic in the same order).
+// what gemv gives for that token (same per-token arithmetic in the same order), except
+// where gemm_uses_amx(k, n): the AMX kernels decode each weight block once for 16 tokens
+// and give the same integer block dots, but sum them in f32 in another order, so their
+// results differ from gemv's by f32 rounding. Either way a token's result does not
+// depend on the other tokens, the row range or how the rows are split.
+bool gemm_uses_amx(const GemvKernel& k, int64_t n);
 void gemm(const GemvKernel& k, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const void* act,
           int64_t act_stride, int64_t n, float* y, int64_t ldy);
 

@@ -49,6 +49,8 @@ AFF_GEMV_DECL(gemv_iq1m_q8k_avx512);
 AFF_GEMV_DECL(gemv_iq2xxs_q8kt_avx512vbmi);
 AFF_GEMV_DECL(gemv_iq2xs_q8kt_avx512vbmi);
 AFF_GEMV_DECL(gemv_iq3xxs_q8kt_avx512vbmi);
+AFF_GEMV_DECL(gemv_iq1s_q8kt_avx512vbmi);
+AFF_GEMV_DECL(gemv_iq1m_q8kt_avx512vbmi);
 
 // Batched kernels (GemmFn): one pass over the rows for n tokens, decode shared.
 #define AFF_GEMM_DECL(name)                                                                                  \
@@ -69,6 +71,18 @@ AFF_GEMM_DECL(gemm_iq1m_q8k_avx512);
 AFF_GEMM_DECL(gemm_iq2xxs_q8kt_avx512vbmi);
 AFF_GEMM_DECL(gemm_iq2xs_q8kt_avx512vbmi);
 AFF_GEMM_DECL(gemm_iq3xxs_q8kt_avx512vbmi);
+AFF_GEMM_DECL(gemm_iq1s_q8kt_avx512vbmi);
+AFF_GEMM_DECL(gemm_iq1m_q8kt_avx512vbmi);
+
+// AMX-INT8 (gemm_amx.cpp): the same batched product with tile multiplies; *_amxemu runs
+// the identical code against a C++ model of the tile instructions (tests, any CPU with
+// AVX-512 VBMI).
+AFF_GEMM_DECL(gemm_q8_0_q8_0_amx);
+AFF_GEMM_DECL(gemm_q2k_q8k_amx);
+AFF_GEMM_DECL(gemm_q4k_q8k_amx);
+AFF_GEMM_DECL(gemm_q8_0_q8_0_amxemu);
+AFF_GEMM_DECL(gemm_q2k_q8k_amxemu);
+AFF_GEMM_DECL(gemm_q4k_q8k_amxemu);
 
 #undef AFF_GEMM_DECL
 #undef AFF_GEMV_DECL
