@@ -130,7 +130,10 @@ bool gemm_supports(const DeviceLinear& w, MmaPrecision precision) {
     case DevFormat::kBF16:
     case DevFormat::kFP8Block: return true;
     case DevFormat::kMXFP4: return w.in % 32 == 0;
-    case DevFormat::kGgml: return precision == MmaPrecision::kBf16 && w.in % 32 == 0 && w.tables != nullptr;
+    // ggml blocks round to bf16 (~2^-9 per weight), in either setting: no
+    // path is exact for them (their GEMV quantises x to int8 per 32), and the
+    // per-pair GEMV they fell back to made prefill ~50x slower.
+    case DevFormat::kGgml: return w.in % 32 == 0 && w.tables != nullptr;
     default: return false;
   }
 }

@@ -32,20 +32,24 @@ void gemv_set_ggml_ring(bool on);
 // Off by default until measured on the GPU; results are bit-identical.
 void gemv_set_native_perm(bool on);
 
-// Decode-sized (any T, up to 8 per launch) FP8-block GEMV on tensor cores
-// (gemv_fp8_mma.cu): f16 MMAs on hardware-converted weights, x staged as f16
-// hi + lo (exact setting, ~2^-22 relative) or hi alone (fast setting, ~2^-12).
-// Rows [row_begin, row_end); x: token t at x + t*ldx; y: token t at y + t*ldy,
-// [row_end - row_begin] each. Row r reads x's slice k = r / rows_per_group -
-// row_begin / rows_per_group at + k * x_group_stride, so the attention's
-// grouped output projection is one launch (ungrouped: rows_per_group >= w.out
-// rounded up to 16, stride 0). Needs row_begin and rows_per_group multiples of 16.
-bool gemv_fp8_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
-Status gemv_fp8_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
-                    int64_t T, float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride,
-                    cudaStream_t stream);
-// Raises the kernel's shared-memory limit (part of gemv_prepare).
-Status gemv_fp8_mma_prepare();
+// Decode-sized (any T, up to 8 per launch) GEMV on tensor cores for FP8-block
+// and BF16 weights (gemv_mma.cu): f16 MMAs on hardware-converted E4M3 with x
+// as f16 hi + lo (exact setting, ~2^-22 relative) or hi alone (fast, ~2^-12);
+// bf16 MMAs on the stored bits with x as bf16 hi + mid + lo (exact, ~2^-24) or
+// hi + mid (fast, ~2^-16). Rows [row_begin, row_end); x: token t at x + t*ldx;
+// y: token t at y + t*ldy, [row_end - row_begin] each. Row r reads x's slice
+// k = r / rows_per_group - row_begin / rows_per_group at + k * x_group_stride,
+// so the attention's grouped output projection is one launch (ungrouped:
+// rows_per_group >= w.out rounded up to 16, stride 0). Needs w.in % 128 == 0,
+// row_begin and rows_per_group multiples of 16.
+bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
+Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
+                float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream);
+// Raises the kernels' shared-memory limit (part of gemv_prepare).
+Status gemv_mma_prepare();
+// Whether gemv_rows_f32 sends BF16 weights to gemv_mma (AFF_CUDA_BF16_MMA=1).
+// Off by default until the BF16 form has run on a GPU; FP8 always goes there.
+bool gemv_mma_bf16_routed();
 
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {

@@ -241,7 +241,7 @@ Status gemv_prepare() {
   AFF_GEMV_PREPARE(kMXFP4g)
   AFF_GEMV_PREPARE(kGgmlOther)
 #undef AFF_GEMV_PREPARE
-  return gemv_fp8_mma_prepare();
+  return gemv_mma_prepare();
 }
 
 void gemv_set_ggml_ring(bool on) { g_ggml_ring = on; }
@@ -264,10 +264,10 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
                                            GemvArgs{w, row_begin, n_rows, x, ldx, T, y, ldy});
     return cuda_status(e, "gemv_ggml_f32_sm90");
   }
-  // FP8 block-scaled rows: tensor-core GEMV (gemv_fp8_mma.cu), both precisions.
+  // FP8 block-scaled and BF16 rows: tensor-core GEMV (gemv_mma.cu), both precisions.
   const int64_t whole = (w.out + 15) / 16 * 16;
-  if (gemv_fp8_mma_supports(w, row_begin, whole))
-    return gemv_fp8_mma(w, row_begin, row_end, x, ldx, T, y, ldy, whole, 0, stream);
+  if ((w.format != DevFormat::kBF16 || gemv_mma_bf16_routed()) && gemv_mma_supports(w, row_begin, whole))
+    return gemv_mma(w, row_begin, row_end, x, ldx, T, y, ldy, whole, 0, stream);
   if (T == 1) return launch_path<1>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
   return launch_path<8>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
 }

@@ -1,5 +1,5 @@
-// The tensor-core FP8 GEMV (gemv_fp8_mma.cu) against a double-precision host
-// product of the same E4M3 codes and E8M0 scales: V4-Flash widths, a tail
+// The tensor-core GEMV (gemv_mma.cu) against a double-precision host product
+// of the same weights: FP8 (E4M3 codes, E8M0 scales) and BF16; V4-Flash widths, a tail
 // tile (rows not a multiple of 16), a row range, 1..8 tokens (and more, which
 // takes several launches), x with outliers, an all-zero block and tiny values,
 // subnormal E4M3 codes, and the grouped form the attention's output projection
@@ -19,11 +19,12 @@
 namespace aff::cuda {
 namespace {
 
-// Exact setting: x carried as two f16 (~2^-22) and f32 accumulation, so the
-// error is f32 rounding of the sums (~1e-7 relative in RMS).
+// Exact setting: x carried as two f16 (FP8 weights, ~2^-22) or three bf16
+// (BF16 weights, ~2^-24) and f32 accumulation, so the error is f32 rounding of
+// the sums (~1e-7 relative in RMS).
 constexpr double kExactRelRms = 2e-6;
-// Fast setting: x rounded to f16 once per element (2^-12 relative at worst,
-// ~2^-13 in RMS over a dot product).
+// Fast setting: x rounded to f16 once per element (FP8: 2^-12 relative at
+// worst, ~2^-13 in RMS over a dot product) or to bf16 hi + mid (BF16: ~2^-16).
 constexpr double kFastRelRms = 1e-3;
 
 struct HostFp8 {
@@ -95,7 +96,7 @@ TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
   w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
   w.out = sh.out, w.in = sh.in, w.scale_cols = h.scale_cols;
   w.weight = dw->as<uint8_t>(), w.scale = ds->as<uint8_t>();
-  ASSERT_TRUE(gemv_fp8_mma_supports(w, sh.row_begin, (sh.out + 15) / 16 * 16));
+  ASSERT_TRUE(gemv_mma_supports(w, sh.row_begin, (sh.out + 15) / 16 * 16));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
   // Through the public GEMV entry, which must route FP8 here.
   ASSERT_TRUE(gemv_rows_f32(w, sh.row_begin, sh.row_end, dx->as<float>(), sh.in, sh.T, dy->as<float>(), n, nullptr)
@@ -106,7 +107,7 @@ TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
   ASSERT_TRUE(copy_to_host(got.data(), dy->data(), got.size() * 4, "y").is_ok());
   for (float v : got) ASSERT_TRUE(std::isfinite(v));
   const double e = rel_rms(got, want);
-  std::printf("[fp8-mma] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", exact ? "exact" : "fast",
+  std::printf("[gemv-mma fp8] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", exact ? "exact" : "fast",
               (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
   EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
 }
@@ -116,6 +117,56 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Shape{1024, 4096, 0, 1024, 1}, Shape{512, 4096, 0, 512, 3},
                                          Shape{4096, 8192, 0, 4096, 1}, Shape{2048, 1024, 0, 2048, 8},
                                          Shape{333, 1536, 0, 333, 2}, Shape{2048, 4096, 704, 1901, 5},
+                                         Shape{256, 8192, 0, 256, 11}),
+                       ::testing::Bool()));
+
+class GemvBf16Mma : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
+
+TEST_P(GemvBf16Mma, MatchesTheHostProduct) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [sh, exact] = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> wb(size_t(sh.out * sh.in));
+  for (uint16_t& v : wb) v = f32_to_bf16(nd(rng) * 0.05f);
+  const std::vector<float> x = random_x(sh.T * sh.in, rng);
+  const int64_t n = sh.row_end - sh.row_begin;
+  std::vector<double> want(size_t(sh.T * n));
+  for (int64_t t = 0; t < sh.T; ++t)
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0.0;
+      for (int64_t k = 0; k < sh.in; ++k)
+        s += double(bf16_to_f32(wb[size_t((sh.row_begin + r) * sh.in + k)])) * x[size_t(t * sh.in + k)];
+      want[size_t(t * n + r)] = s;
+    }
+  auto dw = upload_vector(wb, "w");
+  auto dx = upload_vector(x, "x");
+  auto dy = DeviceBuffer::allocate(size_t(sh.T * n) * 4, "y");
+  ASSERT_TRUE(dw.is_ok() && dx.is_ok() && dy.is_ok());
+  DeviceLinear w;
+  w.format = DevFormat::kBF16, w.out = sh.out, w.in = sh.in, w.weight = dw->as<uint8_t>();
+  ASSERT_TRUE(gemv_mma_supports(w, sh.row_begin, (sh.out + 15) / 16 * 16));
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  // Called directly: gemv_rows_f32 routes BF16 here only with AFF_CUDA_BF16_MMA=1.
+  const int64_t whole = (sh.out + 15) / 16 * 16;
+  ASSERT_TRUE(gemv_mma(w, sh.row_begin, sh.row_end, dx->as<float>(), sh.in, sh.T, dy->as<float>(), n, whole, 0,
+                       nullptr)
+                  .is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  set_mma_precision(MmaPrecision::kBf16x3);
+  std::vector<float> got(size_t(sh.T * n));
+  ASSERT_TRUE(copy_to_host(got.data(), dy->data(), got.size() * 4, "y").is_ok());
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  const double e = rel_rms(got, want);
+  std::printf("[gemv-mma bf16] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", exact ? "exact" : "fast",
+              (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
+  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemvBf16Mma,
+    ::testing::Combine(::testing::Values(Shape{1024, 4096, 0, 1024, 1}, Shape{64, 4096, 0, 64, 2},
+                                         Shape{333, 1536, 0, 333, 8}, Shape{2048, 4096, 704, 1901, 3},
                                          Shape{256, 8192, 0, 256, 11}),
                        ::testing::Bool()));
 
@@ -142,12 +193,12 @@ TEST(GemvFp8MmaGrouped, EachGroupReadsItsOwnSlice) {
   w.out = G * R, w.in = in, w.scale_cols = h.scale_cols;
   w.weight = dw->as<uint8_t>(), w.scale = ds->as<uint8_t>();
   set_mma_precision(MmaPrecision::kBf16x3);
-  ASSERT_TRUE(gemv_fp8_mma(w, 0, G * R, dx->as<float>(), G * in, T, dy->as<float>(), G * R, R, in, nullptr).is_ok());
+  ASSERT_TRUE(gemv_mma(w, 0, G * R, dx->as<float>(), G * in, T, dy->as<float>(), G * R, R, in, nullptr).is_ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got(size_t(T * G * R));
   ASSERT_TRUE(copy_to_host(got.data(), dy->data(), got.size() * 4, "y").is_ok());
   const double e = rel_rms(got, want);
-  std::printf("[fp8-mma] grouped %lldx(%lldx%lld) T=%lld: rel_rms %.3e\n", (long long)G, (long long)R,
+  std::printf("[gemv-mma fp8] grouped %lldx(%lldx%lld) T=%lld: rel_rms %.3e\n", (long long)G, (long long)R,
               (long long)in, (long long)T, e);
   EXPECT_LE(e, kExactRelRms);
 }

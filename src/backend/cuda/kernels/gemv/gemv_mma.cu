@@ -1,5 +1,5 @@
-// gemv_fp8_mma_sm90: decode GEMV (T <= 8 tokens) for FP8 E4M3 weights with
-// 128x128 block scales, on tensor cores.
+// gemv_mma_sm90: decode GEMV (T <= 8 tokens) on tensor cores for FP8 E4M3
+// weights with 128x128 block scales and for BF16 weights.
 //
 // Why tensor cores for a GEMV: at batch 1 the f32 path issues one FMA and a
 // decode per weight and tops out far below HBM bandwidth (instruction bound).
@@ -23,6 +23,12 @@
 // hi alone, ~2^-12 relative per element. Each 128-column block's MMA sums are
 // multiplied by (weight block scale) x (x block scale) and added in f32.
 //
+// BF16 weights take the same path with bf16 MMAs on the stored bits: a
+// "column block" is then 64 columns (the same 128 bytes per row), lane c's 16
+// bytes are 8 columns, and MMA j takes its words 2j, 2j+1. x is split into
+// bf16 hi + mid (+ lo in the exact setting: ~2^-24, the f32 reference to
+// rounding; hi + mid alone, ~2^-16, in the fast one), no scaling needed.
+//
 // Work: a block of S x RT warps covers RT 16-row tiles; the S warps of a tile
 // split its 128-column blocks (split-K) and are summed in shared memory in a
 // fixed order (deterministic). Each lane keeps kDepth column blocks (3 x 64
@@ -32,10 +38,12 @@
 // output projection in one launch): grid.y walks the groups. Launched as a
 // programmatic dependent (runtime/pdl.h): the first weight loads are issued
 // before waiting for the kernel that produces x.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 
@@ -53,7 +61,7 @@ namespace {
 constexpr int kTile = 16;          // weight rows per warp tile (the MMA's M)
 constexpr int kMaxTok = 8;         // tokens per launch (the MMA's N)
 constexpr int kMaxWarps = 16;
-constexpr int kPad = 8;            // f16 after each staged token row: rows start 16 bytes apart mod 128
+constexpr int kPad = 8;            // 16-bit values after each staged token row: rows start 16 bytes apart mod 128
 constexpr int64_t kMaxStageBytes = 96 * 1024;
 
 struct MmaArgs {
@@ -84,20 +92,30 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// kDepth: 128-column blocks of weight loads in flight per lane (16 registers
-// each). Measured on the H200: 3 at up to 128 registers beat 2 at <= 85
-// registers with 1.5x the resident warps (8.29 vs 9.38 ms per decode token).
+// kDepth: column blocks (128 bytes per row) of weight loads in flight per
+// lane (16 registers each). Measured on the H200 (FP8): 3 at up to 128
+// registers beat 2 at <= 85 registers with 1.5x the resident warps (8.29 vs
+// 9.38 ms per decode token).
 constexpr int kDepth = 3;
 
-template <bool kExact>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
+// Staged x for one weight kind: FP8 keeps f16 hi (+ lo) and a 2^e per 128
+// columns; BF16 keeps bf16 hi, mid (+ lo).
+template <bool kExact, bool kBf16>
+struct Staging {
+  static constexpr int kSplits = kBf16 ? (kExact ? 3 : 2) : (kExact ? 2 : 1);
+  static constexpr int kCols = kBf16 ? 64 : 128;  // columns per 128-byte column block
+};
+
+template <bool kExact, bool kBf16>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
+  using St = Staging<kExact, kBf16>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float red[kMaxWarps][4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int S = a.split, part = warp % S, sub = warp / S;
-  const int64_t K = a.w.in, nkb = K / 128, T = a.T;
-  const int64_t xrow = K + kPad;  // f16 per staged token row
+  const int64_t K = a.w.in, nkb = K / St::kCols, T = a.T;
+  const int64_t xrow = K + kPad;  // 16-bit values per staged token row
 
   // This block's group and tile.
   const int64_t grp = a.row_begin / a.rows_per_group + blockIdx.y;
@@ -109,11 +127,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
 
   // Issue the first weight loads before staging x (they do not depend on it).
   const int64_t rg = min(row0 + g, hi - 1), rg8 = min(row0 + g + 8, hi - 1);  // tail rows re-read the last
-  const uint8_t* wg = a.w.weight + rg * K + c * 16;
-  const uint8_t* wg8 = a.w.weight + rg8 * K + c * 16;
-  // The block scales travel with the weights: loaded at use, each would cost
+  const int64_t row_bytes = kBf16 ? 2 * K : K;
+  const uint8_t* wg = a.w.weight + rg * row_bytes + c * 16;
+  const uint8_t* wg8 = a.w.weight + rg8 * row_bytes + c * 16;
+  // FP8 block scales travel with the weights: loaded at use, each would cost
   // a full memory latency per column block.
-  const int64_t srow = (min(row0, hi - 1) / a.w.block) * a.w.scale_cols;
+  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / a.w.block) * a.w.scale_cols;
   uint4 buf[kDepth][4];
   uint32_t sraw[kDepth];
 #pragma unroll
@@ -124,7 +143,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
       buf[d][1] = ld_stream(wg8 + kb * 128);
       buf[d][2] = ld_stream(wg + kb * 128 + 64);
       buf[d][3] = ld_stream(wg8 + kb * 128 + 64);
-      sraw[d] = load_scale_raw(a.w, srow + kb);
+      if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb);
     }
   }
 
@@ -134,45 +153,60 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   pdl_launch_dependents();
   pdl_wait();
 
-  // Stage x: per token and 128-column block, f16 hi (and lo) scaled by 2^e.
-  __half* xh = reinterpret_cast<__half*>(smem);
-  __half* xl = xh + T * xrow;
-  float* xinv = reinterpret_cast<float*>(smem + T * xrow * 2 * (kExact ? 2 : 1));  // [T, nkb]
+  // Stage x in chunks of 128 columns: FP8 as f16 scaled by 2^e per chunk, BF16 as bf16 splits.
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);  // [kSplits][T][xrow]
+  float* xinv = reinterpret_cast<float*>(smem + int64_t(St::kSplits) * T * xrow * 2);  // FP8: [T, K / 128]
+  const int64_t nch = K / 128;
   const float* xg = a.x + (grp - a.row_begin / a.rows_per_group) * a.x_group_stride;
   const int nwarps = blockDim.x >> 5;
   // Four chunks per warp per round, all loads issued before any is used.
   constexpr int kChunks = 4;
-  for (int64_t ch0 = warp; ch0 < T * nkb; ch0 += int64_t(nwarps) * kChunks) {
+  for (int64_t ch0 = warp; ch0 < T * nch; ch0 += int64_t(nwarps) * kChunks) {
     float v[kChunks][4];
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
       const int64_t ch = ch0 + int64_t(q) * nwarps;
-      if (ch >= T * nkb) break;
-      const float* src = xg + (ch / nkb) * a.ldx + (ch % nkb) * 128;
+      if (ch >= T * nch) break;
+      const float* src = xg + (ch / nch) * a.ldx + (ch % nch) * 128;
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[q][i] = src[lane + 32 * i];
     }
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
       const int64_t ch = ch0 + int64_t(q) * nwarps;
-      if (ch >= T * nkb) break;
-      const int64_t t = ch / nkb, kb = ch % nkb;
-      float m = 0.0f;
+      if (ch >= T * nch) break;
+      const int64_t t = ch / nch, k0 = (ch % nch) * 128;
+      uint16_t* dst = xs + t * xrow + k0 + lane;
+      const int64_t plane = T * xrow;
+      if constexpr (kBf16) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[q][i]));
-      m = warp_max(m);
-      int e = 0;
-      if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
-      e = max(e, -100);  // keeps 2^(14 - e) finite; blocks below 2^-100 round to zero
-      const float up = ldexpf(1.0f, 14 - e);
+        for (int i = 0; i < 4; ++i) {
+          float r = v[q][i];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float sv = v[q][i] * up;
-        const __half h = __float2half_rn(sv);
-        xh[t * xrow + kb * 128 + lane + 32 * i] = h;
-        if (kExact) xl[t * xrow + kb * 128 + lane + 32 * i] = __float2half_rn(sv - __half2float(h));
+          for (int sp = 0; sp < St::kSplits; ++sp) {
+            const __nv_bfloat16 b = __float2bfloat16_rn(r);
+            dst[sp * plane + 32 * i] = __bfloat16_as_ushort(b);
+            r -= __bfloat162float(b);
+          }
+        }
+      } else {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[q][i]));
+        m = warp_max(m);
+        int e = 0;
+        if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
+        e = max(e, -100);  // keeps 2^(14 - e) finite; chunks below 2^-100 round to zero
+        const float up = ldexpf(1.0f, 14 - e);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float sv = v[q][i] * up;
+          const __half h = __float2half_rn(sv);
+          dst[32 * i] = __half_as_ushort(h);
+          if (kExact) dst[plane + 32 * i] = __half_as_ushort(__float2half_rn(sv - __half2float(h)));
+        }
+        if (lane == 0) xinv[t * nch + (ch % nch)] = ldexpf(1.0f, e - 14);
       }
-      if (lane == 0) xinv[t * nkb + kb] = ldexpf(1.0f, e - 14);
     }
   }
   __syncthreads();
@@ -181,6 +215,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   // past T compute duplicates that are never written).
   const int64_t tb = g < T ? g : T - 1;
   const int64_t tc0 = 2 * c < T ? 2 * c : T - 1, tc1 = 2 * c + 1 < T ? 2 * c + 1 : T - 1;
+  const int64_t plane = T * xrow;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (active) {
     for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kDepth) {
@@ -188,49 +223,71 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
       for (int d = 0; d < kDepth; ++d) {
         const int64_t kb = kb0 + d;
         if (kb >= kb_end) break;
-        // Four independent accumulator chains (step x hi/lo): back-to-back
-        // MMAs on one accumulator would wait out each other's latency.
-        float cb[2][2][4] = {};
+        // Independent accumulator chains (step x split): back-to-back MMAs on
+        // one accumulator would wait out each other's latency.
+        float cb[2][St::kSplits][4] = {};
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
           const uint4 wr = buf[d][2 * st], wr8 = buf[d][2 * st + 1];
-          const int64_t xo = tb * xrow + kb * 128 + st * 64 + c * 16;
-          const uint4 h0 = *reinterpret_cast<const uint4*>(xh + xo);
-          const uint4 h1 = *reinterpret_cast<const uint4*>(xh + xo + 8);
-          uint4 l0, l1;
-          if (kExact) {
-            l0 = *reinterpret_cast<const uint4*>(xl + xo);
-            l1 = *reinterpret_cast<const uint4*>(xl + xo + 8);
-          }
+          if constexpr (kBf16) {
+            const int64_t xo = tb * xrow + kb * 64 + st * 32 + c * 8;
+            uint4 xv[St::kSplits];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t w0 = word(wr, j), w8 = word(wr8, j);
-            const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_to_f16x2(w0 >> 16),
-                                    e4m3x2_to_f16x2(w8 >> 16)};
-            const uint4& hb = j < 2 ? h0 : h1;
-            mma_f16_16816(cb[st][0], af, word(hb, (2 * j) & 3), word(hb, (2 * j + 1) & 3));
-            if (kExact) {
-              const uint4& lb = j < 2 ? l0 : l1;
-              mma_f16_16816(cb[st][1], af, word(lb, (2 * j) & 3), word(lb, (2 * j + 1) & 3));
+            for (int sp = 0; sp < St::kSplits; ++sp) xv[sp] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const uint32_t af[4] = {word(wr, 2 * j), word(wr8, 2 * j), word(wr, 2 * j + 1), word(wr8, 2 * j + 1)};
+#pragma unroll
+              for (int sp = 0; sp < St::kSplits; ++sp)
+                mma_bf16_16816(cb[st][sp], af, word(xv[sp], 2 * j), word(xv[sp], 2 * j + 1));
+            }
+          } else {
+            const int64_t xo = tb * xrow + kb * 128 + st * 64 + c * 16;
+            uint4 xv[St::kSplits][2];
+#pragma unroll
+            for (int sp = 0; sp < St::kSplits; ++sp) {
+              xv[sp][0] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo);
+              xv[sp][1] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t w0 = word(wr, j), w8 = word(wr8, j);
+              const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_to_f16x2(w0 >> 16),
+                                      e4m3x2_to_f16x2(w8 >> 16)};
+#pragma unroll
+              for (int sp = 0; sp < St::kSplits; ++sp) {
+                const uint4& xb = xv[sp][j >> 1];
+                mma_f16_16816(cb[st][sp], af, word(xb, (2 * j) & 3), word(xb, (2 * j + 1) & 3));
+              }
             }
           }
         }
-        const float ws = decode_scale(a.w, sraw[d]);
+        const float ws = kBf16 ? 1.0f : decode_scale(a.w, sraw[d]);
         if (kb + kDepth < kb_end) {
           buf[d][0] = ld_stream(wg + (kb + kDepth) * 128);
           buf[d][1] = ld_stream(wg8 + (kb + kDepth) * 128);
           buf[d][2] = ld_stream(wg + (kb + kDepth) * 128 + 64);
           buf[d][3] = ld_stream(wg8 + (kb + kDepth) * 128 + 64);
-          sraw[d] = load_scale_raw(a.w, srow + kb + kDepth);
+          if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb + kDepth);
         }
         float cbs[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) cbs[i] = (cb[0][0][i] + cb[1][0][i]) + (cb[0][1][i] + cb[1][1][i]);
-        const float s0 = ws * xinv[tc0 * nkb + kb], s1 = ws * xinv[tc1 * nkb + kb];
-        acc[0] = fmaf(cbs[0], s0, acc[0]);
-        acc[1] = fmaf(cbs[1], s1, acc[1]);
-        acc[2] = fmaf(cbs[2], s0, acc[2]);
-        acc[3] = fmaf(cbs[3], s1, acc[3]);
+        for (int i = 0; i < 4; ++i) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int sp = St::kSplits - 1; sp >= 0; --sp) sum += cb[0][sp][i] + cb[1][sp][i];  // small parts first
+          cbs[i] = sum;
+        }
+        if constexpr (kBf16) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[i] += cbs[i];
+        } else {
+          const float s0 = ws * xinv[tc0 * nch + kb], s1 = ws * xinv[tc1 * nch + kb];
+          acc[0] = fmaf(cbs[0], s0, acc[0]);
+          acc[1] = fmaf(cbs[1], s1, acc[1]);
+          acc[2] = fmaf(cbs[2], s0, acc[2]);
+          acc[3] = fmaf(cbs[3], s1, acc[3]);
+        }
       }
     }
   }
@@ -262,13 +319,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_fp8_mma_sm90(MmaArgs a) {
   }
 }
 
-int64_t stage_bytes(int64_t T, int64_t K, bool exact) {
-  return T * (K + kPad) * 2 * (exact ? 2 : 1) + T * (K / 128) * 4;
+int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16) {
+  const int splits = bf16 ? (exact ? 3 : 2) : (exact ? 2 : 1);
+  return T * (K + kPad) * 2 * splits + (bf16 ? 0 : T * (K / 128) * 4);
 }
 
 using MmaKernel = void (*)(MmaArgs);
 
-MmaKernel kernel_for(bool exact) { return exact ? gemv_fp8_mma_sm90<true> : gemv_fp8_mma_sm90<false>; }
+MmaKernel kernel_for(bool exact, bool bf16) {
+  if (bf16) return exact ? gemv_mma_sm90<true, true> : gemv_mma_sm90<false, true>;
+  return exact ? gemv_mma_sm90<true, false> : gemv_mma_sm90<false, false>;
+}
 
 Status allow_smem(MmaKernel k) {
   static std::mutex mu;
@@ -282,51 +343,60 @@ Status allow_smem(MmaKernel k) {
 
 }  // namespace
 
-bool gemv_fp8_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group) {
-  return w.format == DevFormat::kFP8Block && w.block == 128 && w.in % 128 == 0 && w.in > 0 &&
-         reinterpret_cast<uintptr_t>(w.weight) % 16 == 0 && row_begin % kTile == 0 && rows_per_group > 0 &&
-         rows_per_group % kTile == 0 && stage_bytes(1, w.in, true) <= kMaxStageBytes;
+bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group) {
+  const bool fp8 = w.format == DevFormat::kFP8Block && w.block == 128;
+  const bool bf16 = w.format == DevFormat::kBF16;
+  return (fp8 || bf16) && w.in % 128 == 0 && w.in > 0 && reinterpret_cast<uintptr_t>(w.weight) % 16 == 0 &&
+         row_begin % kTile == 0 && rows_per_group > 0 && rows_per_group % kTile == 0 &&
+         stage_bytes(1, w.in, true, bf16) <= kMaxStageBytes;
 }
 
-Status gemv_fp8_mma_prepare() {
-  AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true)));
-  return allow_smem(kernel_for(false));
+bool gemv_mma_bf16_routed() {
+  static const bool on = [] {
+    const char* v = std::getenv("AFF_CUDA_BF16_MMA");
+    return v && v[0] == '1';
+  }();
+  return on;
 }
 
-Status gemv_fp8_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
-                    int64_t T, float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride,
-                    cudaStream_t stream) {
+Status gemv_mma_prepare() {
+  for (bool exact : {true, false})
+    for (bool bf16 : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, bf16)));
+  return Status::ok();
+}
+
+Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
+                float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
-  if (!gemv_fp8_mma_supports(w, row_begin, rows_per_group)) return internal_error("gemv_fp8_mma: unsupported weight");
+  if (!gemv_mma_supports(w, row_begin, rows_per_group)) return internal_error("gemv_mma: unsupported weight");
   const bool exact = mma_precision() != MmaPrecision::kBf16;
-  const MmaKernel kernel = kernel_for(exact);
+  const bool bf16 = w.format == DevFormat::kBF16;
+  const MmaKernel kernel = kernel_for(exact, bf16);
   AFF_RETURN_IF_ERROR(allow_smem(kernel));
   const int sms = current_device_multiprocessors();
   const int64_t groups = (row_end - 1) / rows_per_group - row_begin / rows_per_group + 1;
-  if (groups > 65535) return internal_error("gemv_fp8_mma: too many row groups");
+  if (groups > 65535) return internal_error("gemv_mma: too many row groups");
   const int64_t tiles_per_group = (std::min(n_rows, rows_per_group) + kTile - 1) / kTile;
   const int64_t tiles = (n_rows + kTile - 1) / kTile;
   // Split K while tiles are too few to give every SM ~12 warps, keeping >= 1
   // column block per warp; then enough tiles per block for >= 8 warps.
-  const int64_t nkb = w.in / 128;
+  const int64_t nkb = w.in / (bf16 ? 64 : 128);
   int split = 1;
   while (split < kMaxWarps && split * 2 <= nkb && tiles * split < int64_t(sms) * 12) split *= 2;
   const int rt = int(std::max<int64_t>(1, std::min<int64_t>(8 / split, tiles_per_group)));
   const int64_t blocks = (tiles_per_group + rt - 1) / rt;
   // Tokens per launch: as many as the staging allows (more launches re-read the weights).
   int64_t tc = std::min<int64_t>(T, kMaxTok);
-  while (tc > 1 && stage_bytes(tc, w.in, exact) > kMaxStageBytes) --tc;
-  const size_t smem = size_t(stage_bytes(tc, w.in, exact));
+  while (tc > 1 && stage_bytes(tc, w.in, exact, bf16) > kMaxStageBytes) --tc;
+  const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16));
   for (int64_t t0 = 0; t0 < T; t0 += tc) {
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt};
     const dim3 grid{unsigned(blocks), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
-    AFF_RETURN_IF_ERROR(cuda_status(
-        launch_pdl(kernel, grid, block, smem, stream, a),
-        "gemv_fp8_mma_sm90"));
+    AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
   }
   return Status::ok();
 }
