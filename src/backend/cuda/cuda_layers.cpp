@@ -288,6 +288,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   d.k = no_routed ? 0 : k, d.routed_format = w.expert_format, d.shared_format = w.shared_format;
   if (!w.host_slots.empty()) d.routed_ggml_up = w.host_slots[0].w1.ggml_type, d.routed_ggml_down = w.host_slots[0].w2.ggml_type;
   d.shared_ggml_up = w.shared_host.w1.ggml_type, d.shared_ggml_down = w.shared_host.w2.ggml_type;
+  d.shared_fp8_block = w.shared_host.w1.block;
   d.shared_slot = w.has_shared ? w.shared_slot : nullptr;
   d.x = x, d.T = T, d.D = c.hidden_size, d.inter = c.moe_inter, d.swiglu_limit = limit;
   d.act = ws.act.as<float>(), d.out = out;

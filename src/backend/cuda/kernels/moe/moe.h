@@ -56,6 +56,9 @@ Status expert_ffn(const ExpertFfnArgs& a, cudaStream_t stream);
 //   moe_decode_down: out[t] = sum_j route_w[t, j] * (w2_{ids[t*k+j]} act[t*k+j])
 //                    + w2_shared act[T*k + t], summed in this fixed order
 //                    (deterministic), no separate combine pass.
+// The act scratch is private to the pair of launches: for the V4 layouts
+// (moe_decode_fast.h) a routed pair's row holds its SwiGLU output as int8 with
+// one scale per 16 elements, not f32.
 constexpr int64_t kMoeDecodeMaxTokens = 8;
 
 struct MoeDecodeArgs {
@@ -70,6 +73,7 @@ struct MoeDecodeArgs {
   DevFormat shared_format = DevFormat::kFP8Block;
   int routed_ggml_up = -1, routed_ggml_down = -1;
   int shared_ggml_up = -1, shared_ggml_down = -1;
+  int shared_fp8_block = 128;                // kFP8Block shared expert: its tile edge (V4: 128)
   const ExpertSlot* shared_slot = nullptr;   // [1] shared expert, or null
   const float* x = nullptr;                  // [T, D] expert input
   int64_t T = 0, D = 0, inter = 0;
@@ -89,6 +93,10 @@ Status moe_decode_up(const MoeDecodeArgs& a, cudaStream_t stream);
 Status moe_decode_prepare();
 // Tuning knob for aff-bench-gemv (see gemv_set_ggml_ring).
 void moe_decode_set_ggml_ring(bool on);
+// Whether the V4 layouts take the streaming kernels (moe_decode_fast.h; on by
+// default) or the general ones. Process-wide; change it only between decode
+// steps (an up launch and its down launch must agree on the act layout).
+void moe_decode_set_fast(bool on);
 Status moe_decode_down(const MoeDecodeArgs& a, cudaStream_t stream);
 
 // out[t, d] = sum_i weights[t, i] * y[t*k + i, d] (+ add[t, d] when add != null).

@@ -1,5 +1,7 @@
 // Decode MoE in two launches (moe.h): all routed pairs and the shared expert of
-// every token share one up launch and one down launch.
+// every token share one up launch and one down launch. The V4 layouts (ggml
+// routed experts in Q2_K / Q3_K / IQ2_XXS, FP8 shared expert) take the
+// streaming kernels of moe_decode_fast.cu; everything else the general ones here.
 //
 // moe_up_any_f32_sm90: work items are (pair, group of R rows of the
 // intermediate); a block's warps split each row S ways, every warp-group
@@ -16,6 +18,7 @@
 
 #include "backend/cuda/kernels/common/fast_dot.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/kernels/moe/moe_decode_fast.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
 
@@ -148,6 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_down_any_f32_sm90(DownArgs a)
 
 
 bool g_ggml_ring = true;
+bool g_fast = true;
 
 // Raises a kernel's dynamic shared memory limit the first time it is launched
 // (the first decode step runs eagerly, before any graph capture).
@@ -231,13 +235,16 @@ Status moe_decode_prepare() {
   AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<UpK>(WPath::kBF16, WPath::kBF16))));
   AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(WPath::kBF16, WPath::kBF16))));
   AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<UpK>(WPath::kAny, WPath::kAny))));
-  return allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(WPath::kAny, WPath::kAny)));
+  AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(*select_pair<DownK>(WPath::kAny, WPath::kAny))));
+  return moe_fast_prepare();
 }
 
 void moe_decode_set_ggml_ring(bool on) { g_ggml_ring = on; }
+void moe_decode_set_fast(bool on) { g_fast = on; }
 
 Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
+  if (g_fast && moe_fast_supported(m)) return moe_fast_up(m, stream);
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   if (n_pairs == 0) return Status::ok();
   const bool stage = any_ggml(m);
@@ -261,6 +268,7 @@ Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
 
 Status moe_decode_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
+  if (g_fast && moe_fast_supported(m)) return moe_fast_down(m, stream);
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   const bool stage = any_ggml(m);
   const int64_t staged = stage ? act_q8_bytes(n_pairs, m.inter) : 0;
