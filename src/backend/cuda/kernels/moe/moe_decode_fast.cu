@@ -753,7 +753,7 @@ Status allow_smem(const void* kernel) {
 }  // namespace
 
 bool moe_fast_supported(const MoeDecodeArgs& m) {
-  if (m.T < 1 || m.T > kMoeDecodeMaxTokens) return false;
+  if (m.T < 1 || m.T > kMoeFastMaxTokens) return false;
   if (m.D % 256 != 0 || m.inter % 256 != 0 || m.D > 4096 || m.inter > 4096) return false;
   if (m.k == 0 && !m.shared_slot) return false;
   if (m.k > 0 && m.routed_format != DevFormat::kGgml) return false;

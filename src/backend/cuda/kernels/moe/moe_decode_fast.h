@@ -13,6 +13,10 @@
 
 namespace aff::cuda {
 
+// Most tokens the streaming kernels take: the plan for T >= 3 (blocks take
+// routed or shared work, not both) has not run on a GPU yet.
+constexpr int64_t kMoeFastMaxTokens = 2;
+
 bool moe_fast_supported(const MoeDecodeArgs& m);
 Status moe_fast_up(const MoeDecodeArgs& m, cudaStream_t stream);
 Status moe_fast_down(const MoeDecodeArgs& m, cudaStream_t stream);
