@@ -70,6 +70,21 @@ struct Shape {
   int64_t out, in, row_begin, row_end, T;
 };
 
+// Downloads y ([T, rows] of sh), checks it is finite and within the setting's
+// bound of want, and prints the error.
+void expect_close(const DeviceBuffer& y, const std::vector<double>& want, const Shape& sh, bool exact,
+                  const char* kind) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  set_mma_precision(MmaPrecision::kBf16x3);
+  std::vector<float> got(want.size());
+  ASSERT_TRUE(copy_to_host(got.data(), y.data(), got.size() * 4, "y").is_ok());
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  const double e = rel_rms(got, want);
+  std::printf("[gemv-mma %s] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", kind, exact ? "exact" : "fast",
+              (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
+  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+}
+
 class GemvFp8Mma : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
 
 TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
@@ -101,15 +116,7 @@ TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
   // Through the public GEMV entry, which must route FP8 here.
   ASSERT_TRUE(gemv_rows_f32(w, sh.row_begin, sh.row_end, dx->as<float>(), sh.in, sh.T, dy->as<float>(), n, nullptr)
                   .is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  set_mma_precision(MmaPrecision::kBf16x3);
-  std::vector<float> got(size_t(sh.T * n));
-  ASSERT_TRUE(copy_to_host(got.data(), dy->data(), got.size() * 4, "y").is_ok());
-  for (float v : got) ASSERT_TRUE(std::isfinite(v));
-  const double e = rel_rms(got, want);
-  std::printf("[gemv-mma fp8] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", exact ? "exact" : "fast",
-              (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
-  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+  expect_close(*dy, want, sh, exact, "fp8");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -152,15 +159,7 @@ TEST_P(GemvBf16Mma, MatchesTheHostProduct) {
   ASSERT_TRUE(gemv_mma(w, sh.row_begin, sh.row_end, dx->as<float>(), sh.in, sh.T, dy->as<float>(), n, whole, 0,
                        nullptr)
                   .is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  set_mma_precision(MmaPrecision::kBf16x3);
-  std::vector<float> got(size_t(sh.T * n));
-  ASSERT_TRUE(copy_to_host(got.data(), dy->data(), got.size() * 4, "y").is_ok());
-  for (float v : got) ASSERT_TRUE(std::isfinite(v));
-  const double e = rel_rms(got, want);
-  std::printf("[gemv-mma bf16] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", exact ? "exact" : "fast",
-              (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
-  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+  expect_close(*dy, want, sh, exact, "bf16");
 }
 
 INSTANTIATE_TEST_SUITE_P(

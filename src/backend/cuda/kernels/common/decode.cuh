@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,6 +55,23 @@ __device__ __forceinline__ float load_scale(const DeviceLinear& w, int64_t i) {
     case DevScale::kBF16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.scale)[i]);
     default: return 1.0f;
   }
+}
+
+// 16 bytes of a weight that is read once per launch: through the
+// non-coherent path and kept out of L1 (activations live there).
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// The low two E4M3 bytes of v as an f16x2 (low byte in the low half), by the
+// hardware conversion; exact, every E4M3 value is an f16.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return uint32_t(r.x) | (uint32_t(r.y) << 16);
 }
 
 // load_scale in two halves, so a kernel can issue the load early (with the

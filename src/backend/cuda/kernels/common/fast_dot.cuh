@@ -28,14 +28,6 @@
 
 namespace aff::cuda {
 
-__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // f32 activations of a native-format row. A lane's 16-byte weight chunk covers
 // V consecutive columns, so lanes read x 4V bytes apart: plain loads touch a
 // sector per lane (L1/shared-memory wavefronts, not HBM, then bound the GEMV).

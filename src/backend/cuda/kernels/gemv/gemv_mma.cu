@@ -75,19 +75,6 @@ struct MmaArgs {
   int split, tiles_per_block;
 };
 
-__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  return uint32_t(r.x) | (uint32_t(r.y) << 16);
-}
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -139,10 +126,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   for (int d = 0; d < kDepth; ++d) {
     const int64_t kb = kb_begin + d;
     if (active && kb < kb_end) {
-      buf[d][0] = ld_stream(wg + kb * 128);
-      buf[d][1] = ld_stream(wg8 + kb * 128);
-      buf[d][2] = ld_stream(wg + kb * 128 + 64);
-      buf[d][3] = ld_stream(wg8 + kb * 128 + 64);
+      buf[d][0] = ld_stream16(wg + kb * 128);
+      buf[d][1] = ld_stream16(wg8 + kb * 128);
+      buf[d][2] = ld_stream16(wg + kb * 128 + 64);
+      buf[d][3] = ld_stream16(wg8 + kb * 128 + 64);
       if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb);
     }
   }
@@ -264,10 +251,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
         }
         const float ws = kBf16 ? 1.0f : decode_scale(a.w, sraw[d]);
         if (kb + kDepth < kb_end) {
-          buf[d][0] = ld_stream(wg + (kb + kDepth) * 128);
-          buf[d][1] = ld_stream(wg8 + (kb + kDepth) * 128);
-          buf[d][2] = ld_stream(wg + (kb + kDepth) * 128 + 64);
-          buf[d][3] = ld_stream(wg8 + (kb + kDepth) * 128 + 64);
+          buf[d][0] = ld_stream16(wg + (kb + kDepth) * 128);
+          buf[d][1] = ld_stream16(wg8 + (kb + kDepth) * 128);
+          buf[d][2] = ld_stream16(wg + (kb + kDepth) * 128 + 64);
+          buf[d][3] = ld_stream16(wg8 + (kb + kDepth) * 128 + 64);
           if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb + kDepth);
         }
         float cbs[4];

@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   const uint8_t* p3 = w3.weight + lane0;
   int pkb = ks0;
   auto load = [&](uint4 (&b)[2]) {
-    b[0] = moe_fast::ld_nc16(p1);
-    b[1] = moe_fast::ld_nc16(p3);
+    b[0] = ld_stream16(p1);
+    b[1] = ld_stream16(p3);
     p1 += 64, p3 += 64;
     if (++pkb == ks1) pkb = ks0, p1 += tile_jump, p3 += tile_jump;
   };
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   int pkb = f0 % nkb;
   const int64_t tile_jump = int64_t(kDownTile) * inter - int64_t(nkb) * 64;
   auto load = [&](uint4 (&b)[2]) {
-    b[0] = moe_fast::ld_nc16(pw);
-    b[1] = moe_fast::ld_nc16(pw + 8 * int64_t(inter));
+    b[0] = ld_stream16(pw);
+    b[1] = ld_stream16(pw + 8 * int64_t(inter));
     pw += 64;
     if (++pkb == nkb) pkb = 0, pw += tile_jump;
   };

@@ -16,7 +16,9 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/common/ggml_tables.h"
+#include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 
 namespace aff::cuda::moe_fast {
 
@@ -313,28 +315,8 @@ __device__ __forceinline__ float iq2xxs_unit(const uint8_t* b, int h, const XUni
 // weight bytes [16c, 16c + 16) of a 64-column step from its two A rows, and MMA
 // j of the step takes bytes [4j, 4j + 4) as its columns {2c, 2c+1, 2c+8, 2c+9}.
 // The activations (B, one token per column n = g) follow the same map: 16
-// consecutive f16 per lane. E4M3 -> f16 is exact (hardware conversion).
-
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  return uint32_t(r.x) | (uint32_t(r.y) << 16);
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Weights are read once per launch: keep them out of L1 (the activations live there).
-__device__ __forceinline__ uint4 ld_nc16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// consecutive f16 per lane. E4M3 -> f16 is exact (hardware conversion,
+// e4m3x2_to_f16x2 in common/decode.cuh; weight loads by ld_stream16 there).
 
 // One 64-column step: ra = 16 weight bytes of A row g, rb = of A row g + 8;
 // xh/xl: the lane's 16 activation f16 (hi, and lo when kExact) in shared memory.
@@ -351,10 +333,10 @@ __device__ __forceinline__ void fp8_step(const uint4& ra, const uint4& rb, const
   const uint32_t wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t a[4] = {e4m3x2_f16x2(wa[j]), e4m3x2_f16x2(wb[j]), e4m3x2_f16x2(wa[j] >> 16),
-                           e4m3x2_f16x2(wb[j] >> 16)};
-    mma_f16(cb, a, hw[2 * j], hw[2 * j + 1]);
-    if constexpr (kExact) mma_f16(cb, a, lw[2 * j], lw[2 * j + 1]);
+    const uint32_t a[4] = {e4m3x2_to_f16x2(wa[j]), e4m3x2_to_f16x2(wb[j]), e4m3x2_to_f16x2(wa[j] >> 16),
+                           e4m3x2_to_f16x2(wb[j] >> 16)};
+    mma_f16_16816(cb, a, hw[2 * j], hw[2 * j + 1]);
+    if constexpr (kExact) mma_f16_16816(cb, a, lw[2 * j], lw[2 * j + 1]);
   }
 }
 
