@@ -29,7 +29,11 @@ CliRun run_cli(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("aff_cli_gpu_" + std::to_string(std::random_device{}()));
   fs::create_directories(dir);
   const std::string model = (fs::path(AFFINITY_SOURCE_DIR) / "models" / "tiny-v4").string();
-  const std::string cmd = std::string(AFFINITY_BIN_DIR) + "/affinity -m '" + model + "' " + args + " >'" +
+  // AFF_TEST_AFFINITY: how to start the CLI where it is not at its build path
+  // (binaries packed by scripts/gpu/bundle.sh run through the bundle's wrapper).
+  const char* launcher = std::getenv("AFF_TEST_AFFINITY");
+  const std::string exe = launcher && *launcher ? std::string(launcher) : std::string(AFFINITY_BIN_DIR) + "/affinity";
+  const std::string cmd = exe + " -m '" + model + "' " + args + " >'" +
                           (dir / "out").string() + "' 2>'" + (dir / "err").string() + "' </dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r;
