@@ -243,8 +243,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const int64_t R = c.o_lora_rank, group_in = int64_t(H / G) * Dh;
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
-  const bool mma_ok = w.wo_a.format != DevFormat::kBF16 || gemv_mma_bf16_routed();
-  if (!linear_uses_gemm(w.wo_a, T) && mma_ok && gemv_mma_supports(w.wo_a, 0, R)) {
+  if (!linear_uses_gemm(w.wo_a, T) && gemv_mma_takes(w.wo_a, 0, R)) {
     // Decode: all groups in one launch (group g's rows read o's slice g).
     AFF_RETURN_IF_ERROR(gemv_mma(w.wo_a, 0, G * R, o, int64_t(H) * Dh, T, u, G * R, R, group_in, s));
   } else {

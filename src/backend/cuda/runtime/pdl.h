@@ -29,6 +29,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// The prologue of a kernel with nothing to do before the wait: lets the next
+// kernel be scheduled, then waits for the previous one.
+__device__ __forceinline__ void pdl_start() {
+  pdl_launch_dependents();
+  pdl_wait();
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic
 // stream serialization attribute. Returns the launch error (the caller wraps
 // it with launch_status-style naming).

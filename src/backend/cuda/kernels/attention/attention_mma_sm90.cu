@@ -113,8 +113,7 @@ __device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits,
 
 template <int NT, bool kSplit, int MT>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   using L = Layout<NT, kSplit, MT>;
   constexpr int DP = L::DP, LD = L::LD, kRows = L::R, KS = L::KS;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -350,8 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
 // memory; each thread then owns 4 channels and sums the splits with several
 // loads in flight (the merge is latency bound, not bandwidth bound).
 __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(AttentionArgs a, int splits) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   __shared__ float wt[kMaxSplits];
   __shared__ float s_inv;
   const int64_t t = blockIdx.x;

@@ -63,8 +63,7 @@ __device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t
 }
 
 __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   const StepInfo st = *a.step;
   if (blockIdx.x >= new_entries(st, a.ratio)) return;
   const int64_t b = first_new_entry(st, a.ratio) + blockIdx.x;
@@ -104,8 +103,7 @@ __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorP
 }
 
 __global__ void ring_store_f32_sm90(RingStoreArgs a, int64_t t_first) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t n = (a.T - t_first) * a.width;
   if (i >= n) return;

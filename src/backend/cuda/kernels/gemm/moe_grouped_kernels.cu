@@ -3,6 +3,7 @@
 // SwiGLU between the GEMMs, and the scatter of sorted outputs back to pairs.
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/gemm/moe_grouped_kernels.h"
+#include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
@@ -51,13 +52,8 @@ __global__ void moe_swiglu_bf16_sm90(const float* gate, const float* up, int64_t
                                      uint16_t* lo) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
-  float g = gate[i], u = up[i];
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
   uint16_t h, l;
-  split_bf16(g / (1.0f + expf(-g)) * u, h, l);
+  split_bf16(swiglu_clamp(gate[i], up[i], limit), h, l);
   hi[i] = h;
   if (lo != nullptr) lo[i] = l;
 }

@@ -47,9 +47,10 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
                 float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream);
 // Raises the kernels' shared-memory limit (part of gemv_prepare).
 Status gemv_mma_prepare();
-// Whether gemv_rows_f32 sends BF16 weights to gemv_mma (AFF_CUDA_BF16_MMA=1).
-// Off by default until the BF16 form has run on a GPU; FP8 always goes there.
-bool gemv_mma_bf16_routed();
+// Whether the forward pass sends w (rows from row_begin, groups of
+// rows_per_group) to gemv_mma: whenever it is supported, except that BF16
+// weights go there only with AFF_CUDA_BF16_MMA=1 until that form has run on a GPU.
+bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
 
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {

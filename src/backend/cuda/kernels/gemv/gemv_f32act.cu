@@ -57,8 +57,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 }
 
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_ggml_f32_sm90(GemvArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait(); gemv_body<DevFormat::kGgml>(a); }
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  gemv_body<DevFormat::kGgml>(a);
+}
 
 // ---- the fast kernel ---------------------------------------------------------------------
 
@@ -78,8 +79,7 @@ struct FastArgs {
 
 template <WPath P, int TT>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_any_f32_sm90(FastArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   extern __shared__ __align__(16) uint8_t xs_smem[];
   __shared__ float red[kMaxWarps][TT];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
@@ -266,7 +266,7 @@ Status gemv_rows_f32(const DeviceLinear& w, int64_t row_begin, int64_t row_end, 
   }
   // FP8 block-scaled and BF16 rows: tensor-core GEMV (gemv_mma.cu), both precisions.
   const int64_t whole = (w.out + 15) / 16 * 16;
-  if ((w.format != DevFormat::kBF16 || gemv_mma_bf16_routed()) && gemv_mma_supports(w, row_begin, whole))
+  if (gemv_mma_takes(w, row_begin, whole))
     return gemv_mma(w, row_begin, row_end, x, ldx, T, y, ldy, whole, 0, stream);
   if (T == 1) return launch_path<1>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);
   return launch_path<8>(w, row_begin, n_rows, x, ldx, T, y, ldy, stream);

@@ -44,8 +44,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
-#include <set>
 
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
@@ -54,6 +52,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/pdl.h"
+#include "backend/cuda/runtime/smem_limit.h"
 
 namespace aff::cuda {
 namespace {
@@ -318,15 +317,7 @@ MmaKernel kernel_for(bool exact, bool bf16) {
   return exact ? gemv_mma_sm90<true, false> : gemv_mma_sm90<false, false>;
 }
 
-Status allow_smem(MmaKernel k) {
-  static std::mutex mu;
-  static std::set<MmaKernel> done;  // set before any capture (gemv_prepare)
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(k)) return Status::ok();
-  AFF_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStageBytes)));
-  done.insert(k);
-  return Status::ok();
-}
+Status allow_smem(MmaKernel k) { return raise_smem_limit(reinterpret_cast<const void*>(k), int(kMaxStageBytes)); }
 
 }  // namespace
 
@@ -338,12 +329,12 @@ bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_pe
          stage_bytes(1, w.in, true, bf16) <= kMaxStageBytes;
 }
 
-bool gemv_mma_bf16_routed() {
-  static const bool on = [] {
+bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group) {
+  static const bool bf16_routed = [] {
     const char* v = std::getenv("AFF_CUDA_BF16_MMA");
     return v && v[0] == '1';
   }();
-  return on;
+  return (w.format != DevFormat::kBF16 || bf16_routed) && gemv_mma_supports(w, row_begin, rows_per_group);
 }
 
 Status gemv_mma_prepare() {

@@ -57,8 +57,7 @@ struct ScoreLayout {
 
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   using L = ScoreLayout<kSplit>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
@@ -201,8 +200,7 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* w
 // four radix passes and the compaction do not go back to global memory.
 template <int NT, bool kStaged>
 __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   extern __shared__ uint32_t staged[];  // [ld] when kStaged
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_remaining;

@@ -26,9 +26,9 @@ __device__ __forceinline__ float fn_load(const void* fn, int64_t i) {
 
 __device__ __forceinline__ float fn_at(const HcFusedArgs& a, int64_t i) {
   switch (a.fn_dtype) {
-    case 1: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.fn)[i]);
-    case 2: return __half2float(reinterpret_cast<const __half*>(a.fn)[i]);
-    default: return reinterpret_cast<const float*>(a.fn)[i];
+    case 1: return fn_load<1>(a.fn, i);
+    case 2: return fn_load<2>(a.fn, i);
+    default: return fn_load<0>(a.fn, i);
   }
 }
 

@@ -15,8 +15,7 @@ namespace {
 
 __global__ void embed_f32_sm90(const uint8_t* table, DevFormat format, const int32_t* tokens, int64_t T,
                                int64_t D, int hc, float* h) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * D) return;
   const int64_t t = i / D, d = i % D;
@@ -35,8 +34,7 @@ __device__ __forceinline__ void keep_max(float v, int32_t i, float& best, int32_
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_f32_sm90(const float* x, int64_t n, int32_t* out) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int32_t si[kArgmaxThreads / 32];
   const float* row = x + int64_t(blockIdx.x) * n;

@@ -6,20 +6,13 @@
 // live anywhere the device can address.
 #include "backend/cuda/kernels/common/row_dot.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;
-
-__device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 template <DevFormat F>
 __device__ __forceinline__ void moe_up_body(const ExpertFfnArgs& a) {
@@ -31,7 +24,7 @@ __device__ __forceinline__ void moe_up_body(const ExpertFfnArgs& a) {
   const float* x = a.x + (p / a.pairs_per_token) * a.D;
   const float g = row_dot1<F>(slot.w1, r, x);
   const float u = row_dot1<F>(slot.w3, r, x);
-  if (lane == 0) a.act[p * a.inter + r] = swiglu_clamped(g, u, a.swiglu_limit);
+  if (lane == 0) a.act[p * a.inter + r] = swiglu_clamp(g, u, a.swiglu_limit);
 }
 
 template <DevFormat F>

@@ -13,28 +13,20 @@
 // block (x for up, every pair's act for down); blocks stride over work items,
 // two per SM, so staging is paid a few hundred times per launch, not per row.
 #include <algorithm>
-#include <mutex>
-#include <set>
 
 #include "backend/cuda/kernels/common/fast_dot.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/moe/moe_decode_fast.h"
+#include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/smem_limit.h"
 
 namespace aff::cuda {
 namespace {
 
 constexpr int kWarps = 16;
 constexpr int64_t kMaxStageBytes = 200 * 1024;
-
-__device__ __forceinline__ float swiglu_clamp(float g, float u, float limit) {
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 struct UpArgs {
   MoeDecodeArgs m;
@@ -155,15 +147,7 @@ bool g_fast = true;
 
 // Raises a kernel's dynamic shared memory limit the first time it is launched
 // (the first decode step runs eagerly, before any graph capture).
-Status allow_smem(const void* kernel) {
-  static std::mutex mu;
-  static std::set<const void*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(kernel)) return Status::ok();
-  AFF_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStageBytes)));
-  done.insert(kernel);
-  return Status::ok();
-}
+Status allow_smem(const void* kernel) { return raise_smem_limit(kernel, int(kMaxStageBytes)); }
 
 using UpKernel = void (*)(UpArgs);
 using DownKernel = void (*)(DownArgs);

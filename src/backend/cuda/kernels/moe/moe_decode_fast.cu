@@ -29,15 +29,15 @@
 // Every reduction has a fixed order and no atomics: replays are bit-identical.
 // Grids and shared memory are sized from T, k and the shapes only.
 #include <algorithm>
-#include <mutex>
-#include <set>
 
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/moe/moe_decode_fast.h"
 #include "backend/cuda/kernels/moe/moe_fast.cuh"
+#include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/smem_limit.h"
 #include "quant/type_traits.h"
 
 namespace aff::cuda {
@@ -57,14 +57,6 @@ constexpr int kRedSlot = 4 * 32;  // floats of one warp's MMA accumulators
 
 template <Fmt F>
 constexpr int kBlockBytes = F == Fmt::kQ2_K ? 84 : F == Fmt::kQ3_K ? 110 : 66;
-
-__device__ __forceinline__ float swiglu(float g, float u, float limit) {
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 template <Fmt F>
 __device__ __forceinline__ float unit_dot(const uint8_t* sb, int h, const moe_fast::XUnit& x, const uint8_t* grid,
@@ -342,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
       if (u == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          if (r < RL) sw[cons.jl * kJobRows + prow + r * P0 + q] = swiglu(gd[r], ud[r], m.swiglu_limit);
+          if (r < RL) sw[cons.jl * kJobRows + prow + r * P0 + q] = swiglu_clamp(gd[r], ud[r], m.swiglu_limit);
       }
       cons.advance(jstep, tiles_pair);
       if (++slot == a.stages) slot = 0, parity ^= 1u;
@@ -364,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
     }
     const int64_t row = int64_t(t0 + tle) * kUpTile + (l >> 2);
     const int ta = 2 * (l & 3), tb2 = ta + 1;
-    if (ta < T) act[ta * m.inter + row] = swiglu(v[0], v[2], m.swiglu_limit);
-    if (tb2 < T) act[tb2 * m.inter + row] = swiglu(v[1], v[3], m.swiglu_limit);
+    if (ta < T) act[ta * m.inter + row] = swiglu_clamp(v[0], v[2], m.swiglu_limit);
+    if (tb2 < T) act[tb2 * m.inter + row] = swiglu_clamp(v[1], v[3], m.swiglu_limit);
   }
   // Routed epilogue: each job's 16 outputs -> q16 over the pair's act row.
   for (int jj = threadIdx.x; jj < n_jobs; jj += blockDim.x) {
@@ -740,15 +732,7 @@ DownKernel down_kernel(Fmt f, bool exact) {
   return exact ? moe_down_fast_sm90<Fmt::kQ2_K, true> : moe_down_fast_sm90<Fmt::kQ2_K, false>;
 }
 
-Status allow_smem(const void* kernel) {
-  static std::mutex mu;
-  static std::set<const void*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(kernel)) return Status::ok();
-  AFF_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemMax)));
-  done.insert(kernel);
-  return Status::ok();
-}
+Status allow_smem(const void* kernel) { return raise_smem_limit(kernel, int(kSmemMax)); }
 
 }  // namespace
 

@@ -17,8 +17,7 @@ __device__ __forceinline__ float score_of(ScoreFunc f, float x) {
 }
 
 __global__ void router_topk_f32_sm90(RouterArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   extern __shared__ float smem[];
   float* s = smem;          // [E] scores
   float* biased = smem + a.E;  // [E] selection keys

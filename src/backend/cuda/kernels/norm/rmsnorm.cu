@@ -12,8 +12,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) rmsnorm_f32_sm90(const float* x, float* y, int64_t n,
                                                              const float* weight, float eps) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   __shared__ float partial[kThreads / 32];
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;

@@ -15,8 +15,7 @@ constexpr int kThreads = 128;
 constexpr int kMaxLen = 1024;
 
 __global__ void __launch_bounds__(kThreads) qkv_finish_f32_sm90(QkvFinishArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   __shared__ float row[kMaxLen];
   __shared__ float red[kThreads / 32];
   int64_t r = blockIdx.x;

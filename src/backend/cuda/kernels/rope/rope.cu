@@ -9,8 +9,7 @@ namespace aff::cuda {
 namespace {
 
 __global__ void rope_interleaved_f32_sm90(RopeArgs a) {
-  pdl_launch_dependents();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  pdl_wait();
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.rows * a.half) return;
   const int64_t r = i / a.half;
