@@ -10,6 +10,7 @@
 #      perplexity within 1%;
 #   4. affinity-bench on the full 43-layer geometry: decode at 4K with and without the BF16
 #      GEMV switch, IQ2_XXS experts, prefill at 1K and 8K;
+#   (4 is skipped with SKIP_BENCH=1)
 #   5. unless SKIP_CPU=1, the CPU lane bench on this host (scripts/gpu/bench-cpu-lane.sh).
 # Logs go to one archive, $OUT/device-check.tgz (when OUT is set: the transfer keeps few
 # files), and a summary is printed last.
@@ -22,20 +23,20 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 bin=$(cd "${BIN_DIR:?set BIN_DIR to a bundle made by scripts/gpu/bundle.sh}" && pwd)
 logs=$(mktemp -d)
-run() { stdbuf -oL -eL "$bin/run" "$@"; }
+run=(stdbuf -oL -eL "$bin/run")  # line-buffered, so a timed-out run still leaves its log
 summary=()
 result() { grep -E '^\[  (PASSED|FAILED)  \]' "$1" | tr '\n' ' '; }
 
 # The CLI tests start the bundled CLI when the bundle has it (bundle.sh ... affinity).
 [ -e "$bin/affinity" ] || [ -e "$bin/affinity.xz" ] && export AFF_TEST_AFFINITY="$bin/run affinity"
-timeout 300 run test_gpu --gtest_brief=1 > "$logs/test_gpu_exact.txt" 2>&1
+timeout 300 "${run[@]}" test_gpu --gtest_brief=1 > "$logs/test_gpu_exact.txt" 2>&1
 summary+=("test_gpu (exact, rc $?): $(result "$logs/test_gpu_exact.txt")")
 
-AFF_CUDA_BF16_MMA=1 timeout 120 run test_gpu --gtest_brief=1 \
+AFF_CUDA_BF16_MMA=1 timeout 120 "${run[@]}" test_gpu --gtest_brief=1 \
     --gtest_filter='GemvBf16Mma*:Fixtures/*:TinyModelGpu.*:DecodeGraph.*' > "$logs/test_gpu_bf16mma.txt" 2>&1
 summary+=("BF16 GEMV routed (rc $?): $(result "$logs/test_gpu_bf16mma.txt")")
 
-AFF_CUDA_PRECISION=bf16 timeout 120 run test_gpu --gtest_filter='Fixtures/*:TinyModelGpu.Teacher*:DecodeGraph.*' \
+AFF_CUDA_PRECISION=bf16 timeout 120 "${run[@]}" test_gpu --gtest_filter='Fixtures/*:TinyModelGpu.Teacher*:DecodeGraph.*' \
     > "$logs/test_gpu_fast.txt" 2>&1
 summary+=("model tests (fast, rc $?): $(result "$logs/test_gpu_fast.txt")")
 
@@ -46,11 +47,13 @@ bench() {  # name, env, args...
         > "$logs/$name.txt" 2>&1
     summary+=("$name: $(grep -E '^ +[0-9]+ +[0-9.]+ +[0-9.]+' "$logs/$name.txt" | tr -s ' ' | tr '\n' ';')")
 }
-bench q2k "" --expert-types Q2_K,Q3_K --contexts 4096 --prefill none --decode-steps 32
-bench q2k_bf16mma "AFF_CUDA_BF16_MMA=1" --expert-types Q2_K,Q3_K --contexts 4096 --prefill none --decode-steps 32
-bench iq2 "" --expert-types IQ2_XXS,Q2_K --contexts 4096 --prefill none --decode-steps 32
-bench q2k_prefill "" --expert-types Q2_K,Q3_K --contexts 0 --prefill 1024,8192 --chunk 2048 --decode-steps 4 \
-    --max-seconds 90
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    bench q2k "" --expert-types Q2_K,Q3_K --contexts 4096 --prefill none --decode-steps 32
+    bench q2k_bf16mma "AFF_CUDA_BF16_MMA=1" --expert-types Q2_K,Q3_K --contexts 4096 --prefill none --decode-steps 32
+    bench iq2 "" --expert-types IQ2_XXS,Q2_K --contexts 4096 --prefill none --decode-steps 32
+    bench q2k_prefill "" --expert-types Q2_K,Q3_K --contexts 0 --prefill 1024,8192 --chunk 2048 --decode-steps 4 \
+        --max-seconds 90
+fi
 
 if [ "${SKIP_CPU:-0}" != 1 ]; then
     BIN_DIR=$bin MIB=1024 OUT=$logs bash scripts/gpu/bench-cpu-lane.sh \
