@@ -26,7 +26,10 @@ def main() -> int:
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        name = re.sub(r"<.*", "", row["Kernel Name"]).replace("void ", "")
+        # Anonymous namespaces print as "<unnamed>::" or "(anonymous namespace)::";
+        # drop them before cutting template arguments and parameters.
+        name = re.sub(r"<unnamed>::|\(anonymous namespace\)::", "", row["Kernel Name"])
+        name = re.sub(r"<.*", "", name).replace("void ", "")
         name = re.sub(r"\(.*", "", name).split("::")[-1]
         unit = row.get("Metric Unit", "ns")
         v = float(row["Metric Value"].replace(",", ""))
