@@ -23,9 +23,11 @@ Status hc_expand(float* h, const float* a, const float* post, const float* comb,
 //      norm after: the same sums, reassociated);
 //   3. coefficients (pre, and post/comb for a site);
 //   4. x = rmsnorm(sum_j pre[j] h[j]) * x_norm.
-// Steps 1-2 are spread over blocks of channels; the last block of each token
-// to finish (ticket counter) reduces the partial sums in block order (so the
-// result does not depend on scheduling) and does 3-4.
+// Steps 1-2 are spread over blocks of 128 channels; the last block of each
+// token (prefill with hc 4: of each tile of 16 tokens) to finish (ticket
+// counter) reduces the partial sums in block order (so the result does not
+// depend on scheduling) and does 3-4. Decode (T <= kHcSmallT, hc 4): all
+// blocks of a token meet at a barrier and each finishes its own channels.
 struct HcFusedArgs {
   float* h = nullptr;              // [T, hc, D] streams, updated in place when `a` is set
   const float* a = nullptr;        // [T, D] previous sublayer output, or null (no expand)
@@ -50,7 +52,10 @@ struct HcFusedArgs {
 };
 
 // Up to this many tokens (hc 4) a launch uses the decode variant: all blocks
-// of a token resident at once, meeting at one barrier.
+// of a token resident at once, meeting at one barrier. Above it (hc 4) the
+// prefill variant runs when h, a, fn, x and x_norm are 16-byte aligned, D is
+// a multiple of 8 (of 4 for an f32 fn) and at most 8192; anything else takes
+// the generic one-token-per-block kernel.
 constexpr int64_t kHcSmallT = 8;
 int hc_fused_blocks(int64_t D);
 Status hc_fused(const HcFusedArgs& a, cudaStream_t stream);

@@ -31,7 +31,10 @@ Status rope_f32(const RopeArgs& a, cudaStream_t stream);
 // The attention inputs' last step in one launch: per part, rows of `len`
 // floats, `rows_per_token` rows per chunk token (heads), optionally rmsnorm'd
 // (times norm_weight when set), then RoPE on the trailing rope_dim dims at the
-// token's position StepInfo.pos0 + t.
+// token's position StepInfo.pos0 + t. Rows take the vectorised kernel (a warp
+// per row, one sin/cos table per token and block) when rope_dim and every
+// part's len are multiples of 4 and every x and norm_weight is 16-byte
+// aligned; otherwise a block per row.
 struct QkvPart {
   float* x = nullptr;                // [T, rows_per_token, len], in place
   int rows_per_token = 1;
