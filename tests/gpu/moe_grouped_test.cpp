@@ -2,18 +2,41 @@
 // the per-pair GEMV path that tests/gpu holds to the CPU reference: random
 // experts in FP8 block, MXFP4 and BF16, tokens whose pairs leave some experts
 // unused and give others many tokens, with and without the SwiGLU clamp.
+// MoeGroupedGgmlDecode (host only, no GPU needed): the fused kernels'
+// conversion-free chunk decoders equal bf16_rn of the CPU reference decoders
+// bit for bit. MoeGroupedGgml: the fused kernels for ggml experts against a CPU reference
+// (rows dequantised by src/quant, f64 dots), token counts per expert around
+// the 64-token tile (0, 1, 63, 64, 65, 130), small and V4-sized shapes, both
+// MMA precisions, repeatability, and agreement with the per-expert cuBLAS
+// path on the same bf16 operands. MoeGroupedBench times both at V4 geometry.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/check/op_check.h"
+#include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/kernels/gemm/moe_grouped.h"
+#include "backend/cuda/kernels/gemm/moe_grouped_decode.cuh"
+#include "backend/cuda/kernels/gemm/moe_grouped_ggml.h"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/runtime/device_model.h"
+#include "backend/ref/linear.h"
 #include "device_random_linear.h"
 #include "gpu_test_util.h"
+#include "core/dtype.h"
+#include "quant/codec.h"
+#include "quant/ggml_grids.h"
+#include "quant/type_traits.h"
+#include "random_weights.h"
 
 namespace aff::cuda {
 namespace {
@@ -83,6 +106,428 @@ TEST(MoeGrouped, MatchesPerPairExperts) {
                     p == MmaPrecision::kBf16x3 ? "bf16x3" : "bf16", err, tol);
         EXPECT_LE(err, tol) << testing::name_of(f);
       }
+    }
+  }
+}
+
+// ---- ggml experts: the fused kernels (moe_grouped_ggml.h) ---------------------------
+
+using quant::GgmlType;
+
+// The chunk decoders of moe_grouped_decode.cuh, run on the host: every word must
+// equal bf16_rn of the reference decoder's two values (their f32 values are
+// exact, so there is no rounding-order slack). Random bytes cover every code,
+// scale and grid/sign index; the f16 scale fields get finite values of both
+// signs, some subnormal. Blocks sit at 2-byte (Q3_K, IQ2_XXS) or 4-byte (Q2_K)
+// offsets, as in a row.
+TEST(MoeGroupedGgmlDecode, ChunksEqualReferenceRoundedToBf16) {
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint2> sel(256);
+  std::vector<uint4> sign(128);
+  for (int i = 0; i < 256; ++i) sel[size_t(i)] = moe_grouped::iq2xxs_selectors(quant::kIq2xxsGrid[i]);
+  for (int i = 0; i < 128; ++i) sign[size_t(i)] = moe_grouped::iq2xxs_sign_masks(quant::kSignsIq2xs[i]);
+  struct Case {
+    GgmlType type;
+    std::vector<int> f16_fields;
+    int offset;  // bytes from a 16-byte boundary to the first block
+  };
+  for (const Case& c : {Case{GgmlType::kQ2_K, {80, 82}, 4}, Case{GgmlType::kQ3_K, {108}, 2},
+                        Case{GgmlType::kIQ2_XXS, {0}, 2}}) {
+    const int bb = int(quant::ggml_traits(c.type).block_bytes);
+    const int n_blocks = 512;
+    std::vector<uint8_t> buf(size_t(c.offset + n_blocks * bb + 16));
+    uint8_t* blocks = buf.data() + c.offset;  // vector storage is at least 16-byte aligned
+    for (int i = 0; i < n_blocks * bb; ++i) blocks[i] = uint8_t(byte(rng));
+    for (int b = 0; b < n_blocks; ++b)
+      for (int off : c.f16_fields) {
+        // Mostly normal scales of both signs, every 16th block a subnormal one.
+        const float v = (b % 16 == 15) ? nd(rng) * 3e-6f : nd(rng) * 0.01f;
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(blocks + b * bb + off, &h, 2);
+      }
+    std::vector<float> want(size_t(n_blocks) * 256);
+    ASSERT_TRUE(quant::dequantize_row(c.type, {blocks, size_t(n_blocks * bb)}, want).is_ok());
+    int64_t bad = 0;
+    for (int b = 0; b < n_blocks; ++b)
+      for (int j = 0; j < 8; ++j) {
+        uint32_t o[16];
+        const uint8_t* blk = blocks + b * bb;
+        if (c.type == GgmlType::kQ2_K) moe_grouped::q2k_chunk_bf16(blk, j, o);
+        if (c.type == GgmlType::kQ3_K) moe_grouped::q3k_chunk_bf16(blk, j, o);
+        if (c.type == GgmlType::kIQ2_XXS) moe_grouped::iq2xxs_chunk_bf16(blk, j, sel.data(), sign.data(), o);
+        for (int i = 0; i < 16; ++i) {
+          const float* w = want.data() + b * 256 + j * 32 + 2 * i;
+          const uint32_t expect = moe_grouped::bf16x2_rn(w[0], w[1]);
+          if (o[i] != expect && bad++ < 5)
+            ADD_FAILURE() << quant::ggml_type_name(c.type) << " block " << b << " chunk " << j << " pair " << i
+                          << ": got 0x" << std::hex << o[i] << " want 0x" << expect << std::dec << " (" << w[0]
+                          << ", " << w[1] << ")";
+        }
+      }
+    EXPECT_EQ(bad, 0) << quant::ggml_type_name(c.type);
+  }
+}
+
+// Against the CPU reference (exactly dequantised weights, f32 x, f64 sums).
+// The fused path rounds four operands to bf16 once each: x, the decoded w1/w3
+// rows, the SwiGLU output and the decoded w2 rows. One bf16 rounding is a
+// relative error of RMS ~1.6e-3 per element (half an ulp of 2^-7..2^-8,
+// uniform); a random dot sums independent errors, so gate and up carry
+// ~2.3e-3 (x and w), the activation ~3e-3 after the SwiGLU plus 1.6e-3 of its
+// own rounding, and the output ~4e-3 after w2's rounding. 1e-2 is that with
+// ~2.5x margin for the SwiGLU's gain where silu is steep; a decode or index
+// error (wrong element, row, scale or token) gives errors of order 1.
+constexpr double kGgmlMaxRelRms = 1e-2;
+// Against the per-expert path (ggml rows decoded to bf16 by the same decoder,
+// cuBLAS) in kBf16: the same bf16 operands, so only the f32 summation order
+// differs (a few 1e-6 relative), and that flips the bf16 rounding of a few
+// activation elements: a fraction ~3e-6 / 2^-7.5 ~ 5e-4 of them, each off by
+// one bf16 ulp (~5.5e-3 relative), an output error of ~sqrt(5e-4) * 5.5e-3 ~
+// 1.2e-4. 1e-3 leaves ~8x margin and is still 10x below the reference bound.
+constexpr double kGgmlVsPerExpertMaxRelRms = 1e-3;
+constexpr float kGgmlClamp = 0.6f;  // engages on these weights (gate/up of std ~1 at D = 512)
+
+struct GgmlExpertCase {
+  std::string name;
+  GgmlType w1, w3, w2;
+  int64_t D, I;
+  std::vector<int> counts;  // pairs routed to each expert (the table has counts.size() experts)
+  int k;                    // pairs per token; the counts sum to a multiple of k
+  bool random_blocks = false;  // random bytes instead of quantised Gaussians (Q2_K / Q3_K only)
+};
+
+// W [out, in] in Q2_K or Q3_K as random bytes with every f16 scale field set
+// to a value in [lo, hi): valid blocks without the reference quantisers, which
+// take about a second per million weights on one core (a V4-sized expert has
+// 25 million).
+dsv4::Linear random_block_linear(GgmlType t, int64_t out, int64_t in, float lo, float hi, std::mt19937_64& rng,
+                                 testing::Keep& keep) {
+  const std::vector<int> fields = t == GgmlType::kQ2_K ? std::vector<int>{80, 82} : std::vector<int>{108};
+  EXPECT_TRUE(t == GgmlType::kQ2_K || t == GgmlType::kQ3_K);
+  const int64_t bb = quant::ggml_traits(t).block_bytes, row_bytes = *quant::ggml_row_bytes(t, in);
+  keep.push_back(std::make_shared<std::vector<uint8_t>>(size_t(out * row_bytes)));
+  uint8_t* data = keep.back()->data();
+  for (int64_t i = 0; i + 8 <= out * row_bytes; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(data + i, &v, 8);
+  }
+  std::uniform_real_distribution<float> scale(lo, hi);
+  for (int64_t b = 0; b < out * row_bytes / bb; ++b)
+    for (int off : fields) {
+      const uint16_t h = f32_to_f16(scale(rng));
+      std::memcpy(data + b * bb + off, &h, 2);
+    }
+  dsv4::Linear w;
+  w.format = dsv4::WeightFormat::kGgml;
+  w.ggml_type = int(t);
+  w.out = out, w.in = in;
+  w.weight.name = "test.ggml", w.weight.file = "<random>";
+  w.weight.dtype = DType::kU8;
+  w.weight.shape = {out, row_bytes};
+  w.weight.data = data;
+  w.weight.nbytes = out * row_bytes;
+  return w;
+}
+
+// An expert's three matrices dequantised by the CPU reference (f32, row-major).
+struct GgmlRefExpert {
+  std::vector<float> w1, w3, w2;  // [I, D], [I, D], [D, I]
+};
+
+GgmlRefExpert dequant_expert(const dsv4::ExpertWeights& e) {
+  GgmlRefExpert r;
+  const int64_t D = e.w1.in, I = e.w1.out;
+  r.w1.resize(size_t(I * D)), r.w3.resize(size_t(I * D)), r.w2.resize(size_t(D * I));
+  for (int64_t i = 0; i < I; ++i) {
+    ref::linear_dequant_row(e.w1, i, r.w1.data() + i * D);
+    ref::linear_dequant_row(e.w3, i, r.w3.data() + i * D);
+  }
+  for (int64_t d = 0; d < D; ++d) ref::linear_dequant_row(e.w2, d, r.w2.data() + d * I);
+  return r;
+}
+
+float ref_swiglu(double g, double u, float limit) {
+  float gf = float(g), uf = float(u);
+  if (limit > 0.0f) gf = std::min(gf, limit), uf = std::clamp(uf, -limit, limit);
+  return gf / (1.0f + std::exp(-gf)) * uf;
+}
+
+class MoeGroupedGgml : public ::testing::TestWithParam<GgmlExpertCase> {};
+
+TEST_P(MoeGroupedGgml, MatchesReferenceAndRepeatsBits) {
+  AFF_SKIP_WITHOUT_GPU();
+  const GgmlExpertCase c = GetParam();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int E = int(c.counts.size());
+  const int64_t D = c.D, I = c.I;
+  const int64_t P = std::accumulate(c.counts.begin(), c.counts.end(), int64_t(0));
+  ASSERT_EQ(P % c.k, 0) << "case counts must fill whole tokens";
+  const int64_t T = P / c.k;
+
+  testing::Keep keep;
+  std::vector<dsv4::ExpertWeights> experts(static_cast<size_t>(E));
+  // Scales for random blocks: elements of magnitude ~0.03-0.06, as the quantised
+  // N(0, 0.05) weights of the other cases.
+  auto make = [&](GgmlType t, int64_t out, int64_t in) {
+    if (!c.random_blocks) return testing::random_ggml_linear(t, out, in, rng, keep);
+    return t == GgmlType::kQ2_K ? random_block_linear(t, out, in, 0.002f, 0.006f, rng, keep)
+                                : random_block_linear(t, out, in, 0.001f, 0.002f, rng, keep);
+  };
+  for (auto& e : experts) e.w1 = make(c.w1, I, D), e.w3 = make(c.w3, I, D), e.w2 = make(c.w2, D, I);
+  DeviceArena arena;
+  size_t bytes = 0;
+  for (const auto& e : experts)
+    bytes += linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2);
+  ASSERT_TRUE(arena.reserve(bytes, "experts").is_ok());
+  std::vector<ExpertSlot> slots;
+  for (const auto& e : experts) {
+    auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
+    ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
+    slots.push_back(ExpertSlot{*w1, *w3, *w2});
+  }
+  // The table must take the fused kernels, or this test would check the other path.
+  const auto layout = moe_ggml_layout(slots.data(), slots.size(), D, I);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+
+  // Pairs: expert e appears counts[e] times, in random order; pair p reads token p / k.
+  std::vector<int32_t> ids;
+  for (int e = 0; e < E; ++e) ids.insert(ids.end(), size_t(c.counts[size_t(e)]), int32_t(e));
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(T * D));
+  for (float& v : x) v = nd(rng);
+
+  // Reference: gate and up once per pair, then SwiGLU and down per clamp setting.
+  std::vector<GgmlRefExpert> ref(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e)
+    if (c.counts[size_t(e)] > 0) ref[size_t(e)] = dequant_expert(experts[size_t(e)]);
+  std::vector<double> gate(size_t(P * I)), up(size_t(P * I));
+  for (int64_t p = 0; p < P; ++p) {
+    const GgmlRefExpert& r = ref[size_t(ids[size_t(p)])];
+    const float* xt = x.data() + (p / c.k) * D;
+    for (int64_t i = 0; i < I; ++i) {
+      double g = 0.0, u = 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        g += double(r.w1[size_t(i * D + d)]) * double(xt[d]);
+        u += double(r.w3[size_t(i * D + d)]) * double(xt[d]);
+      }
+      gate[size_t(p * I + i)] = g, up[size_t(p * I + i)] = u;
+    }
+  }
+
+  auto dids = upload_vector(ids, "ids");
+  auto dx = upload_vector(x, "x");
+  auto dy = DeviceBuffer::allocate(size_t(P * D) * 4, "y");
+  ASSERT_TRUE(dids.is_ok() && dx.is_ok() && dy.is_ok());
+  struct FusedGuard {
+    ~FusedGuard() { moe_grouped_set_ggml_fused(true); }
+  } fused_guard;
+  auto run = [&](float limit, MmaPrecision prec, bool fused, std::vector<float>& out) {
+    moe_grouped_set_ggml_fused(fused);
+    // NaN first: an output row the kernels forgot to write fails the test.
+    ASSERT_TRUE(copy_to_device(dy->data(), std::vector<float>(size_t(P * D), std::nanf("")).data(),
+                               size_t(P * D) * 4, "y")
+                    .is_ok());
+    GroupedMoeArgs g;
+    g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = P, g.pairs_per_token = c.k;
+    g.x = dx->as<float>(), g.D = D, g.inter = I, g.swiglu_limit = limit, g.y = dy->as<float>();
+    const Status st = moe_grouped_ffn(g, prec, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    auto got = download_vector(dy->as<float>(), size_t(P * D), "y");
+    ASSERT_TRUE(got.is_ok());
+    out = std::move(got).value();
+    moe_grouped_set_ggml_fused(true);
+  };
+
+  for (float limit : {0.0f, kGgmlClamp}) {
+    std::vector<float> want(size_t(P * D));
+    std::vector<float> act(static_cast<size_t>(I));
+    for (int64_t p = 0; p < P; ++p) {
+      const GgmlRefExpert& r = ref[size_t(ids[size_t(p)])];
+      for (int64_t i = 0; i < I; ++i)
+        act[size_t(i)] = ref_swiglu(gate[size_t(p * I + i)], up[size_t(p * I + i)], limit);
+      for (int64_t d = 0; d < D; ++d) {
+        double s = 0.0;
+        for (int64_t i = 0; i < I; ++i) s += double(r.w2[size_t(d * I + i)]) * double(act[size_t(i)]);
+        want[size_t(p * D + d)] = float(s);
+      }
+    }
+    std::vector<float> by_prec[2];
+    for (int pi = 0; pi < 2; ++pi) {
+      const MmaPrecision prec = pi == 0 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
+      std::vector<float> runs[2];
+      run(limit, prec, true, runs[0]);
+      run(limit, prec, true, runs[1]);
+      if (HasFatalFailure()) return;
+      for (size_t i = 0; i < runs[0].size(); ++i)
+        ASSERT_TRUE(std::isfinite(runs[0][i])) << "output " << i << " (pair " << i / size_t(D) << ")";
+      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "not repeatable";
+      const double err = rel_rms(runs[0].data(), want.data(), want.size());
+      std::printf("[moe-grouped-ggml] %-22s limit %.1f %-6s rel rms vs reference %.3e (tol %.0e)\n", c.name.c_str(),
+                  limit, pi == 0 ? "bf16x3" : "bf16", err, kGgmlMaxRelRms);
+      EXPECT_LE(err, kGgmlMaxRelRms) << (pi == 0 ? "bf16x3" : "bf16") << " limit " << limit;
+      by_prec[pi] = std::move(runs[0]);
+    }
+    // Only x's bf16 hi part enters the fused kernels, in both settings.
+    EXPECT_EQ(std::memcmp(by_prec[0].data(), by_prec[1].data(), by_prec[0].size() * 4), 0)
+        << "the two precisions should give the same bits";
+    std::vector<float> per_expert;
+    run(limit, MmaPrecision::kBf16, false, per_expert);
+    if (HasFatalFailure()) return;
+    const double diff = rel_rms(by_prec[1].data(), per_expert.data(), per_expert.size());
+    std::printf("[moe-grouped-ggml] %-22s limit %.1f        rel rms vs per-expert cuBLAS %.3e (tol %.0e)\n",
+                c.name.c_str(), limit, diff, kGgmlVsPerExpertMaxRelRms);
+    EXPECT_LE(diff, kGgmlVsPerExpertMaxRelRms) << "limit " << limit;
+  }
+}
+
+const std::vector<int> kEdgeCounts = {0, 1, 63, 64, 65, 130, 0, 2};  // 325 pairs
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, MoeGroupedGgml,
+    ::testing::Values(
+        // The V4 recipes at a small width: down reads 256 columns (one super-block;
+        // Q3_K rows of 110 bytes start at 2-byte offsets).
+        GgmlExpertCase{"Q2K_Q3K", GgmlType::kQ2_K, GgmlType::kQ2_K, GgmlType::kQ3_K, 512, 256, kEdgeCounts, 5},
+        GgmlExpertCase{"IQ2XXS_Q2K", GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, GgmlType::kQ2_K, 512, 256, kEdgeCounts, 5},
+        // Three super-blocks per up row (odd), two per down row.
+        GgmlExpertCase{"Q4K_Q4K", GgmlType::kQ4_K, GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512, {3, 0, 64, 129}, 4},
+        // Types without a compiled instantiation (run-time decoder switch), the
+        // widest staged row (Q8_0) and 2-byte aligned Q6_K rows.
+        GgmlExpertCase{"IQ4XS_Q8_0", GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, GgmlType::kQ8_0, 512, 256, {5, 70, 0}, 3},
+        GgmlExpertCase{"Q5K_Q6K", GgmlType::kQ5_K, GgmlType::kQ5_K, GgmlType::kQ6_K, 256, 256, {1, 2, 64}, 1},
+        // Gate and up in different types (different row sizes in one block).
+        GgmlExpertCase{"Q2K_Q3K_gate_up_IQ2XXS", GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kIQ2_XXS, 512, 512,
+                       {33, 1, 0, 64}, 2},
+        // The V4 geometry and recipe, few experts (random blocks: see random_block_linear).
+        GgmlExpertCase{"V4_Q2K_Q3K", GgmlType::kQ2_K, GgmlType::kQ2_K, GgmlType::kQ3_K, 4096, 2048, {65, 0, 1}, 6,
+                       true}),
+    [](const ::testing::TestParamInfo<GgmlExpertCase>& i) { return i.param.name; });
+
+// Timing of moe_grouped_ffn at the V4 geometry: 256 experts, 2048 tokens x 6
+// distinct random experts each (one prefill chunk), fused kernels against the
+// per-expert cuBLAS path. Not a correctness test (random bytes with finite
+// scales; every expert has the same bytes at its own address, so every expert
+// is read from memory); run with --gtest_also_run_disabled_tests. Times are
+// per call and include the counts' read-back, the tile upload, the gather and
+// the scatter: the whole routed-expert FFN of a chunk.
+TEST(MoeGroupedBench, DISABLED_Timing) {
+  AFF_SKIP_WITHOUT_GPU();
+  const int64_t D = 4096, I = 2048, T = 2048;
+  const int E = 256, k = 6;
+  struct Recipe {
+    const char* name;
+    GgmlType up, down;
+  };
+  const Recipe recipes[] = {{"Q2_K+Q3_K", GgmlType::kQ2_K, GgmlType::kQ3_K},
+                            {"IQ2_XXS+Q2_K", GgmlType::kIQ2_XXS, GgmlType::kQ2_K}};
+  auto tables = ggml_device_tables();
+  ASSERT_TRUE(tables.is_ok());
+  struct FusedGuard {
+    ~FusedGuard() { moe_grouped_set_ggml_fused(true); }
+  } fused_guard;
+  std::mt19937_64 rng(11);
+  // Offsets of the f16 scale fields per 256-element block (random bits there
+  // would give inf/NaN).
+  auto f16_fields = [](GgmlType t) -> std::vector<int> {
+    switch (t) {
+      case GgmlType::kQ2_K: return {80, 82};
+      case GgmlType::kQ3_K: return {108};
+      case GgmlType::kIQ2_XXS: return {0};
+      default: return {};
+    }
+  };
+  // One expert's matrix [out, in] of type t as random bytes, copied to every
+  // expert's place in one buffer [E, out, row_bytes].
+  auto matrices = [&](GgmlType t, int64_t out, int64_t in, int64_t& row_bytes) {
+    const quant::GgmlTypeTraits& tr = quant::ggml_traits(t);
+    row_bytes = in / tr.block_elems * tr.block_bytes;
+    const size_t one = size_t(out * row_bytes);
+    std::vector<uint8_t> h(one);
+    for (size_t i = 0; i + 8 <= one; i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(h.data() + i, &v, 8);
+    }
+    std::uniform_real_distribution<float> scale(0.0005f, 0.004f);
+    for (size_t b = 0; b + size_t(tr.block_bytes) <= one; b += size_t(tr.block_bytes))
+      for (int off : f16_fields(t)) {
+        const uint16_t v = f32_to_f16(scale(rng));
+        std::memcpy(h.data() + b + size_t(off), &v, 2);
+      }
+    auto buf = DeviceBuffer::allocate(one * size_t(E), "bench experts");
+    EXPECT_TRUE(buf.is_ok());
+    for (int e = 0; e < E; ++e)
+      EXPECT_TRUE(copy_to_device(buf->as<uint8_t>() + size_t(e) * one, h.data(), one, "bench experts").is_ok());
+    return std::move(buf).value();
+  };
+  // Routes: 6 distinct experts per token, uniformly random.
+  std::vector<int32_t> ids(size_t(T * k));
+  std::uniform_int_distribution<int> pick(0, E - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      int e;
+      do {
+        e = pick(rng);
+      } while (std::find(ids.begin() + t * k, ids.begin() + t * k + j, e) != ids.begin() + t * k + j);
+      ids[size_t(t * k + j)] = e;
+    }
+  std::vector<int> per_expert(size_t(E), 0);
+  for (int32_t e : ids) ++per_expert[size_t(e)];
+  const int active = int(std::count_if(per_expert.begin(), per_expert.end(), [](int n) { return n > 0; }));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(T * D));
+  for (float& v : x) v = nd(rng);
+  auto dids = upload_vector(ids, "ids");
+  auto dx = upload_vector(x, "x");
+  auto dy = DeviceBuffer::allocate(size_t(T * k * D) * 4, "y");
+  ASSERT_TRUE(dids.is_ok() && dx.is_ok() && dy.is_ok());
+  const double flop = 2.0 * double(T * k) * 3.0 * double(D * I);
+  for (const Recipe& r : recipes) {
+    int64_t rb_up = 0, rb_down = 0;
+    DeviceBuffer w1 = matrices(r.up, I, D, rb_up), w3 = matrices(r.up, I, D, rb_up);
+    DeviceBuffer w2 = matrices(r.down, D, I, rb_down);
+    std::vector<ExpertSlot> slots(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      auto lin = [&](GgmlType t, int64_t out, int64_t in, int64_t rb, const DeviceBuffer& b) {
+        DeviceLinear w;
+        w.format = DevFormat::kGgml, w.ggml_type = int32_t(t), w.out = out, w.in = in, w.row_bytes = rb;
+        w.tables = reinterpret_cast<const uint8_t*>(*tables);
+        w.weight = b.as<uint8_t>() + size_t(e) * size_t(out * rb);
+        return w;
+      };
+      slots[size_t(e)] = {lin(r.up, I, D, rb_up, w1), lin(r.up, I, D, rb_up, w3), lin(r.down, D, I, rb_down, w2)};
+    }
+    ASSERT_TRUE(moe_ggml_layout(slots.data(), slots.size(), D, I).is_ok());
+    const double weight_bytes = double(active) * double(2 * I * rb_up + D * rb_down);
+    GroupedMoeArgs g;
+    g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = T * k, g.pairs_per_token = k;
+    g.x = dx->as<float>(), g.D = D, g.inter = I, g.swiglu_limit = 10.0f, g.y = dy->as<float>();
+    for (int mode = 0; mode < 3; ++mode) {  // 0: fused; 1, 2: per-expert cuBLAS in bf16x3, bf16
+      const bool fused = mode == 0;
+      const MmaPrecision prec = mode == 1 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
+      moe_grouped_set_ggml_fused(fused);
+      ASSERT_TRUE(moe_grouped_ffn(g, prec, nullptr).is_ok());  // warm-up: scratch, smem limits, cuBLAS
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const int reps = fused ? 10 : 3;
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0), cudaEventCreate(&e1);
+      cudaEventRecord(e0);
+      for (int i = 0; i < reps; ++i) ASSERT_TRUE(moe_grouped_ffn(g, prec, nullptr).is_ok());
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0.0f;
+      cudaEventElapsedTime(&ms, e0, e1);
+      cudaEventDestroy(e0), cudaEventDestroy(e1);
+      moe_grouped_set_ggml_fused(true);
+      const double per = double(ms) / reps;
+      std::printf("[moe-grouped-bench] %-13s %-24s %2d experts active, %lld pairs: %8.3f ms/call  %6.1f TFLOP/s  "
+                  "%7.1f GB/s of weights\n",
+                  r.name, mode == 0 ? "fused" : mode == 1 ? "per-expert cuBLAS bf16x3" : "per-expert cuBLAS bf16",
+                  active, (long long)(T * k), per, flop / per * 1e-9, weight_bytes / per * 1e-6);
     }
   }
 }

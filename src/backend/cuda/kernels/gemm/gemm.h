@@ -19,7 +19,9 @@ namespace aff::cuda {
 // GEMV): FP8 block, MXFP4 and BF16 decode to bf16 exactly; F32 and F16 do not,
 // so they take the GEMM only when bf16 rounding is allowed (kBf16). ggml
 // block formats take it in both settings, rounded to bf16: nothing is exact
-// for them (their GEMV quantises x to int8 per 32).
+// for them (their GEMV quantises x to int8 per 32). The grouped experts'
+// fused ggml kernels go further and use x's bf16 hi part only, in both
+// settings (moe_grouped.h).
 bool gemm_supports(const DeviceLinear& w, MmaPrecision precision);
 
 // dst: [n_rows, w.in] bf16 bits = rows [row_begin, row_begin + n_rows) of w.

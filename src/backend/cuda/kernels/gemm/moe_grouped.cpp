@@ -1,18 +1,33 @@
 // moe_grouped_ffn: counting sort of pairs by expert (counts read back once),
-// sorted bf16 inputs, then per active expert: decode w1 -> GEMM gate rows,
-// decode w3 -> GEMM up rows; one SwiGLU over all sorted rows; per expert:
-// decode w2 -> GEMM output rows; scatter back to pair order. Each expert's
-// weights are read once per chunk however many tokens chose it.
+// sorted bf16 inputs, then
+//  - ggml experts: a tile list (expert, first sorted row, up to 64 rows) built
+//    on the host from the counts and uploaded; one fused launch for gate, up
+//    and the SwiGLU, one for down (moe_grouped_ggml.h);
+//  - other formats, per active expert: decode w1 -> GEMM gate rows, decode
+//    w3 -> GEMM up rows; one SwiGLU over all sorted rows; per expert: decode
+//    w2 -> GEMM output rows;
+// then scatter back to pair order. Each expert's weights are read once per
+// chunk (ggml: once per 64 of its tokens) however many tokens chose it.
 #include "backend/cuda/kernels/gemm/moe_grouped.h"
 
+#include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "backend/cuda/kernels/gemm/gemm.h"
 #include "backend/cuda/kernels/gemm/gemm_context.h"
+#include "backend/cuda/kernels/gemm/moe_grouped_ggml.h"
 #include "backend/cuda/kernels/gemm/moe_grouped_kernels.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace aff::cuda {
+
+namespace {
+std::atomic<bool> g_ggml_fused{true};
+}  // namespace
+
+void moe_grouped_set_ggml_fused(bool on) { g_ggml_fused.store(on); }
+bool moe_grouped_ggml_fused() { return g_ggml_fused.load(); }
 
 bool moe_grouped_supports(std::span<const ExpertSlot> slots, MmaPrecision precision) {
   for (const ExpertSlot& s : slots)
@@ -30,6 +45,27 @@ Result<const uint16_t*> weight_bf16(const DeviceLinear& w, uint16_t* tile, cudaS
   return const_cast<const uint16_t*>(tile);
 }
 
+// Tiles of kMoeGgmlTileTokens sorted rows per active expert, in expert order
+// (an expert's tiles are adjacent, so its second tile re-reads weights that
+// are still in L2). n, off: [E] counts and first sorted rows.
+Result<std::vector<MoeGgmlTile>> ggml_tiles(std::span<const ExpertSlot> slots, const std::vector<int32_t>& n,
+                                            const std::vector<int32_t>& off) {
+  std::vector<MoeGgmlTile> tiles;
+  for (size_t e = 0; e < slots.size(); ++e) {
+    const ExpertSlot& s = slots[e];
+    if (n[e] > 0 && (s.w1.weight == nullptr || s.w3.weight == nullptr || s.w2.weight == nullptr))
+      return internal_error("moe_grouped: a routed expert has no weights");
+    for (int32_t t0 = 0; t0 < n[e]; t0 += kMoeGgmlTileTokens) {
+      MoeGgmlTile t;
+      t.w1 = s.w1.weight, t.w3 = s.w3.weight, t.w2 = s.w2.weight;
+      t.row0 = off[e] + t0;
+      t.rows = std::min<int32_t>(kMoeGgmlTileTokens, n[e] - t0);
+      tiles.push_back(t);
+    }
+  }
+  return tiles;
+}
+
 }  // namespace
 
 Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStream_t stream) {
@@ -42,10 +78,20 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
       return internal_error("moe_grouped: expert shape differs from [inter, D] / [D, inter]");
   AFF_ASSIGN_OR_RETURN(GemmContext * ctx, gemm_context(stream));
   std::lock_guard<std::mutex> lock(ctx->mu);
-  const bool split = precision == MmaPrecision::kBf16x3;
+  // ggml experts take the fused kernels when the table allows (else the
+  // per-expert path below, which serves them too).
+  Result<MoeGgmlLayout> ggml = g_ggml_fused.load() ? moe_ggml_layout(a.slots.data(), a.slots.size(), D, F)
+                                                   : Result<MoeGgmlLayout>(unsupported("fused ggml path off"));
+  const bool fused = ggml.is_ok();
+  const bool split = !fused && precision == MmaPrecision::kBf16x3;
 
-  // Sort: counts [E] | offsets [E] | cursor [E] | slot_of_pair [P] | pair_of_slot [P].
-  AFF_ASSIGN_OR_RETURN(void* sort_raw, gemm_scratch(*ctx, kBufSort, size_t(3 * E + 2 * P) * 4));
+  // Sort: counts [E] | offsets [E] | cursor [E] | slot_of_pair [P] | pair_of_slot [P]
+  // (| fused: tiles [max_tiles] at a 16-byte boundary). Sized before the counts
+  // are known: growing this buffer later would drop them.
+  const size_t tiles_at = (size_t(3 * E + 2 * P) * 4 + 15) / 16 * 16;
+  const int64_t max_tiles = fused ? moe_ggml_max_tiles(P, E) : 0;
+  AFF_ASSIGN_OR_RETURN(void* sort_raw,
+                       gemm_scratch(*ctx, kBufSort, tiles_at + size_t(max_tiles) * sizeof(MoeGgmlTile)));
   int32_t* counts = static_cast<int32_t*>(sort_raw);
   int32_t* offsets = counts + E;
   int32_t* cursor = offsets + E;
@@ -58,7 +104,35 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   int64_t total = 0;
   for (int e = 0; e < E; ++e) off[size_t(e)] = int32_t(total), total += n[size_t(e)];
   AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, off.data(), size_t(E) * 4, cudaMemcpyHostToDevice, stream));
+  // The tile list goes up now, while the stream is idle (a copy from pageable
+  // memory waits for the stream's earlier work).
+  MoeGgmlTile* dtiles = reinterpret_cast<MoeGgmlTile*>(static_cast<uint8_t*>(sort_raw) + tiles_at);
+  int n_tiles = 0;
+  if (fused) {
+    AFF_ASSIGN_OR_RETURN(std::vector<MoeGgmlTile> tiles, ggml_tiles(a.slots, n, off));
+    if (int64_t(tiles.size()) > max_tiles) return internal_error("moe_grouped: more tiles than the bound");
+    n_tiles = int(tiles.size());
+    if (n_tiles > 0)
+      AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dtiles, tiles.data(), tiles.size() * sizeof(MoeGgmlTile),
+                                               cudaMemcpyHostToDevice, stream));
+  }
   AFF_RETURN_IF_ERROR(moe_place(a.ids, P, E, offsets, cursor, slot_of_pair, pair_of_slot, stream));
+
+  if (fused) {
+    // Scratch (sorted rows): inputs [total, D] bf16, activations [total, F]
+    // bf16, outputs [total, D] f32; x's lo half is never formed (only hi
+    // enters the fused kernels, in both precisions).
+    AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
+    AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
+    AFF_ASSIGN_OR_RETURN(void* ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
+    uint16_t* x16 = static_cast<uint16_t*>(xh);
+    uint16_t* act = static_cast<uint16_t*>(ah);
+    float* y_sorted = static_cast<float*>(ys);
+    AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
+    AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
+    AFF_RETURN_IF_ERROR(moe_ggml_down(*ggml, dtiles, n_tiles, act, y_sorted, stream));
+    return moe_scatter(y_sorted, slot_of_pair, P, D, a.y, stream);
+  }
 
   // Scratch (sorted rows): inputs, gate/up, activations, outputs, one decoded weight.
   AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));

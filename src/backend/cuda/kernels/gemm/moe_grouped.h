@@ -1,9 +1,23 @@
 // Routed experts for prefill on tensor cores: the (token, expert) pairs of a
 // chunk are grouped by expert on the device, so each active expert's weights
-// are decoded and read once per chunk and multiplied against all of its tokens
-// (cuBLAS, bf16 in, f32 out): gate and up, the clamped SwiGLU, then down.
-// Same contract as expert_ffn (kernels/moe/moe.h); the weighted combine stays
-// with moe_combine.
+// are decoded and read once per chunk (per 64 of its tokens, ggml) and
+// multiplied against all of its tokens: gate and up, the clamped SwiGLU, then
+// down. Same contract as expert_ffn (kernels/moe/moe.h); the weighted combine
+// stays with moe_combine.
+//
+// Two implementations behind one call:
+//  - ggml experts (every matrix kGgml, one type per matrix across the table,
+//    D and inter multiples of 256): two fused launches over (expert, 64
+//    tokens) tiles that decode the weights into shared memory on the fly and
+//    apply the SwiGLU in the first launch's epilogue (moe_grouped_ggml.h).
+//    Precision: x and the SwiGLU output are rounded to bf16 once (hi only) in
+//    both MmaPrecision settings; the weights round to bf16 when decoded. The
+//    decode-time kernels for these formats quantise x to int8 per 32, so this
+//    is already more precise than the path that serves them at T <= 8.
+//  - the rest (FP8 block, MXFP4, BF16, F32/F16 in kBf16, and ggml tables the
+//    fused kernels do not take): per active expert, w decoded to bf16 once and
+//    cuBLAS (bf16 in, f32 out); x and the SwiGLU output as hi + lo bf16 in
+//    kBf16x3 (two GEMMs per matrix), hi in kBf16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,5 +56,11 @@ bool moe_grouped_supports(std::span<const ExpertSlot> slots, MmaPrecision precis
 // the per-expert counts back to the host (one synchronisation): prefill only,
 // never inside a captured graph.
 Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStream_t stream);
+
+// Process-wide: whether ggml experts take the fused kernels (default on). Off
+// sends them through the per-expert decode + cuBLAS path, which tests and the
+// benchmark use as a second implementation to compare against.
+void moe_grouped_set_ggml_fused(bool on);
+bool moe_grouped_ggml_fused();
 
 }  // namespace aff::cuda
