@@ -202,5 +202,59 @@ TEST(GemvFp8MmaGrouped, EachGroupReadsItsOwnSlice) {
   EXPECT_LE(e, kExactRelRms);
 }
 
+// Two weights stacked in one launch (the attention's wq_a and wkv share x):
+// each output must equal its own product, including a second weight whose row
+// count is not a multiple of 16, for 1..8 tokens and both precisions.
+class GemvFp8MmaPair : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> {};
+
+TEST_P(GemvFp8MmaPair, EachWeightWritesItsOwnProduct) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [out1, out2, in, T, exact] = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
+  const std::vector<float> x = random_x(T * in, rng);
+  auto product = [&](const HostFp8& h) {
+    std::vector<double> want(size_t(T * h.out));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < h.out; ++r) {
+        double s = 0.0;
+        for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * x[size_t(t * in + k)];
+        want[size_t(t * h.out + r)] = s;
+      }
+    return want;
+  };
+  const std::vector<double> want1 = product(h1), want2 = product(h2);
+  auto dw1 = upload_vector(h1.w, "w1");
+  auto ds1 = upload_vector(h1.s, "s1");
+  auto dw2 = upload_vector(h2.w, "w2");
+  auto ds2 = upload_vector(h2.s, "s2");
+  auto dx = upload_vector(x, "x");
+  // NaN-filled outputs: a row the launch misses stays NaN and fails the check.
+  auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
+  auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
+  ASSERT_TRUE(dw1.is_ok() && ds1.is_ok() && dw2.is_ok() && ds2.is_ok() && dx.is_ok() && dy1.is_ok() && dy2.is_ok());
+  auto linear = [](const HostFp8& h, const DeviceBuffer& dw, const DeviceBuffer& ds) {
+    DeviceLinear w;
+    w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
+    w.out = h.out, w.in = h.in, w.scale_cols = h.scale_cols;
+    w.weight = dw.as<uint8_t>(), w.scale = ds.as<uint8_t>();
+    return w;
+  };
+  const DeviceLinear w1 = linear(h1, *dw1, *ds1), w2 = linear(h2, *dw2, *ds2);
+  ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr)
+                  .is_ok());
+  expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 pair w1");
+  expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 pair w2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaPair,
+                         ::testing::Values(std::make_tuple(int64_t(1024), int64_t(512), int64_t(4096), int64_t(1), true),
+                                           std::make_tuple(int64_t(1024), int64_t(512), int64_t(4096), int64_t(1), false),
+                                           std::make_tuple(int64_t(256), int64_t(333), int64_t(1536), int64_t(3), true),
+                                           std::make_tuple(int64_t(128), int64_t(640), int64_t(1024), int64_t(8), true),
+                                           std::make_tuple(int64_t(1024), int64_t(512), int64_t(4096), int64_t(11), false)));
+
 }  // namespace
 }  // namespace aff::cuda

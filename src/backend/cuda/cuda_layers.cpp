@@ -184,13 +184,26 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   float* qr = ws.qr.as<float>();
   float* q = ws.q.as<float>();
   float* kv = ws.kv.as<float>();
-  AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
-  prof_mark(s, "attn.wq_a");
+  // wq_a and wkv both read x: at decode sizes one launch serves both (a
+  // launch's fixed cost is most of a small projection's time).
+  const bool paired = !linear_uses_gemm(w.wq_a, T) && !linear_uses_gemm(w.wkv, T) &&
+                      gemv_mma_takes(w.wq_a, 0, (w.wq_a.out + 15) / 16 * 16) &&
+                      gemv_mma_takes(w.wkv, 0, (w.wkv.out + 15) / 16 * 16) &&
+                      gemv_mma_pair_supports(w.wq_a, w.wkv);
+  if (paired) {
+    AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s));
+    prof_mark(s, "attn.wq_a+wkv");
+  } else {
+    AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
+    prof_mark(s, "attn.wq_a");
+  }
   AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
   AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   prof_mark(s, "attn.q_norm+wq_b");
-  AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
-  prof_mark(s, "attn.wkv");
+  if (!paired) {
+    AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
+    prof_mark(s, "attn.wkv");
+  }
   {  // per-head query norm, KV norm, and RoPE on both, in one launch
     QkvFinishArgs f;
     const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();

@@ -45,6 +45,13 @@ void gemv_set_native_perm(bool on);
 bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
 Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
                 float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream);
+// Two projections of the same x in one launch (w1's rows, then w2's, as if
+// stacked): y1 [T, w1.out] (token t at y1 + t*ldy1) = x W1^T and y2 [T, w2.out]
+// = x W2^T, each with gemv_mma's arithmetic. Needs both supported, the same
+// format, width and block scales, and w1.out % 16 == 0.
+bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2);
+Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float* x, int64_t ldx, int64_t T, float* y1,
+                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream);
 // Raises the kernels' shared-memory limit (part of gemv_prepare).
 Status gemv_mma_prepare();
 // Whether the forward pass sends w (rows from row_begin, groups of

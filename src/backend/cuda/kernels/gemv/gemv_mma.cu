@@ -72,6 +72,13 @@ struct MmaArgs {
   float* y;                        // token t: y + t * ldy, row r at (r - row_begin)
   int64_t ldy;
   int split, tiles_per_block;
+  // Stacked pair (rows1 > 0, row_begin 0, one group): rows [rows1, n_rows) are
+  // rows [0, n_rows - rows1) of w2 (same format, width and block), written to
+  // y2 (stride ldy2). Two projections of one x then share a launch.
+  int64_t rows1;
+  DeviceLinear w2;
+  float* y2;
+  int64_t ldy2;
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
@@ -100,25 +107,36 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int S = a.split, part = warp % S, sub = warp / S;
-  const int64_t K = a.w.in, nkb = K / St::kCols, T = a.T;
+  const int64_t K = a.w.in, nkb = K / St::kCols, T = a.T;  // a stacked w2 has the same width
   const int64_t xrow = K + kPad;  // 16-bit values per staged token row
 
   // This block's group and tile.
   const int64_t grp = a.row_begin / a.rows_per_group + blockIdx.y;
   const int64_t lo = max(a.row_begin, grp * a.rows_per_group);
-  const int64_t hi = min(a.row_begin + a.n_rows, (grp + 1) * a.rows_per_group);
-  const int64_t row0 = lo + (int64_t(blockIdx.x) * a.tiles_per_block + sub) * kTile;
+  int64_t hi = min(a.row_begin + a.n_rows, (grp + 1) * a.rows_per_group);
+  int64_t row0 = lo + (int64_t(blockIdx.x) * a.tiles_per_block + sub) * kTile;
+  // The weight this warp's tile belongs to, its rows and its output.
+  DeviceLinear w = a.w;
+  float* y = a.y - a.row_begin;
+  int64_t ldy = a.ldy;
+  if (a.rows1 > 0) {
+    if (row0 >= a.rows1) {
+      w = a.w2, row0 -= a.rows1, hi = a.n_rows - a.rows1, y = a.y2, ldy = a.ldy2;
+    } else {
+      hi = a.rows1;
+    }
+  }
   const bool active = row0 < hi;  // warp-uniform
   const int64_t kb_begin = nkb * part / S, kb_end = nkb * (part + 1) / S;
 
   // Issue the first weight loads before staging x (they do not depend on it).
   const int64_t rg = min(row0 + g, hi - 1), rg8 = min(row0 + g + 8, hi - 1);  // tail rows re-read the last
   const int64_t row_bytes = kBf16 ? 2 * K : K;
-  const uint8_t* wg = a.w.weight + rg * row_bytes + c * 16;
-  const uint8_t* wg8 = a.w.weight + rg8 * row_bytes + c * 16;
+  const uint8_t* wg = w.weight + rg * row_bytes + c * 16;
+  const uint8_t* wg8 = w.weight + rg8 * row_bytes + c * 16;
   // FP8 block scales travel with the weights: loaded at use, each would cost
   // a full memory latency per column block.
-  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / a.w.block) * a.w.scale_cols;
+  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / w.block) * w.scale_cols;
   uint4 buf[kDepth][4];
   uint32_t sraw[kDepth];
 #pragma unroll
@@ -129,7 +147,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
       buf[d][1] = ld_stream16(wg8 + kb * 128);
       buf[d][2] = ld_stream16(wg + kb * 128 + 64);
       buf[d][3] = ld_stream16(wg8 + kb * 128 + 64);
-      if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb);
+      if (!kBf16) sraw[d] = load_scale_raw(w, srow + kb);
     }
   }
 
@@ -248,13 +266,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
             }
           }
         }
-        const float ws = kBf16 ? 1.0f : decode_scale(a.w, sraw[d]);
+        const float ws = kBf16 ? 1.0f : decode_scale(w, sraw[d]);
         if (kb + kDepth < kb_end) {
           buf[d][0] = ld_stream16(wg + (kb + kDepth) * 128);
           buf[d][1] = ld_stream16(wg8 + (kb + kDepth) * 128);
           buf[d][2] = ld_stream16(wg + (kb + kDepth) * 128 + 64);
           buf[d][3] = ld_stream16(wg8 + (kb + kDepth) * 128 + 64);
-          if (!kBf16) sraw[d] = load_scale_raw(a.w, srow + kb + kDepth);
+          if (!kBf16) sraw[d] = load_scale_raw(w, srow + kb + kDepth);
         }
         float cbs[4];
 #pragma unroll
@@ -294,14 +312,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   if (!active) return;
   const int64_t r0 = row0 + g, r8 = row0 + g + 8;
   const int64_t t0 = 2 * c, t1 = 2 * c + 1;
-  float* y = a.y - a.row_begin;
   if (r0 < hi) {
-    if (t0 < T) y[t0 * a.ldy + r0] = acc[0];
-    if (t1 < T) y[t1 * a.ldy + r0] = acc[1];
+    if (t0 < T) y[t0 * ldy + r0] = acc[0];
+    if (t1 < T) y[t1 * ldy + r0] = acc[1];
   }
   if (r8 < hi) {
-    if (t0 < T) y[t0 * a.ldy + r8] = acc[2];
-    if (t1 < T) y[t1 * a.ldy + r8] = acc[3];
+    if (t0 < T) y[t0 * ldy + r8] = acc[2];
+    if (t1 < T) y[t1 * ldy + r8] = acc[3];
   }
 }
 
@@ -343,11 +360,15 @@ Status gemv_mma_prepare() {
   return Status::ok();
 }
 
-Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
-                float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream) {
+namespace {
+
+// Plans and launches rows [row_begin, row_end) of w, or, when pair2 is set,
+// w's rows [0, w.out) stacked over pair2's [0, pair2->out).
+Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
+                  float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, const DeviceLinear* pair2,
+                  float* y2, int64_t ldy2, cudaStream_t stream) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
-  if (!gemv_mma_supports(w, row_begin, rows_per_group)) return internal_error("gemv_mma: unsupported weight");
   const bool exact = mma_precision() != MmaPrecision::kBf16;
   const bool bf16 = w.format == DevFormat::kBF16;
   const MmaKernel kernel = kernel_for(exact, bf16);
@@ -368,15 +389,44 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
   int64_t tc = std::min<int64_t>(T, kMaxTok);
   while (tc > 1 && stage_bytes(tc, w.in, exact, bf16) > kMaxStageBytes) --tc;
   const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16));
+  const int64_t rows1 = pair2 ? w.out : 0;
   for (int64_t t0 = 0; t0 < T; t0 += tc) {
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
-              split, rt};
+              split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2};
     const dim3 grid{unsigned(blocks), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
     AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
   }
   return Status::ok();
+}
+
+}  // namespace
+
+Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
+                float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream) {
+  if (row_end <= row_begin || T <= 0) return Status::ok();
+  if (!gemv_mma_supports(w, row_begin, rows_per_group)) return internal_error("gemv_mma: unsupported weight");
+  return launch_mma(w, row_begin, row_end, x, ldx, T, y, ldy, rows_per_group, x_group_stride, nullptr, nullptr, 0,
+                    stream);
+}
+
+namespace {
+int64_t round_up16(int64_t n) { return (n + kTile - 1) / kTile * kTile; }
+}  // namespace
+
+bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2) {
+  return gemv_mma_supports(w1, 0, round_up16(w1.out + w2.out)) && gemv_mma_supports(w2, 0, round_up16(w2.out)) && w1.out % kTile == 0 &&
+         w1.format == w2.format && w1.in == w2.in && w1.block == w2.block && w1.scale_type == w2.scale_type &&
+         w1.scale_cols == w2.scale_cols;
+}
+
+Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float* x, int64_t ldx, int64_t T, float* y1,
+                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream) {
+  if (T <= 0) return Status::ok();
+  if (!gemv_mma_pair_supports(w1, w2)) return internal_error("gemv_mma_pair: weights cannot share a launch");
+  const int64_t rows = w1.out + w2.out;
+  return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream);
 }
 
 }  // namespace aff::cuda
