@@ -325,7 +325,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     e.slots = w.shared_slot, e.format = w.shared_format, e.ids = ws.zero_ids.as<int32_t>(), e.n_pairs = T;
     e.pairs_per_token = 1, e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
     e.act = ws.act.as<float>(), e.y = ws.y_shared.as<float>();
-    AFF_RETURN_IF_ERROR(run_experts(e, {}, s));
+    AFF_RETURN_IF_ERROR(run_experts(e, std::span<const ExpertSlot>(&w.shared_host, 1), s));
     shared = e.y;
   }
   return moe_combine(ws.route_w.as<float>(), ws.y_pairs.as<float>(), T, no_routed ? 0 : k, c.hidden_size,

@@ -97,13 +97,22 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   int32_t* cursor = offsets + E;
   int32_t* slot_of_pair = cursor + E;
   int32_t* pair_of_slot = slot_of_pair + P;
-  AFF_RETURN_IF_ERROR(moe_count(a.ids, P, E, counts, stream));
   std::vector<int32_t> n(static_cast<size_t>(E)), off(static_cast<size_t>(E));
-  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(n.data(), counts, size_t(E) * 4, cudaMemcpyDeviceToHost, stream));
-  AFF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (E == 1) {
+    // One expert (the shared one) takes every pair: the count is known, and
+    // the stream need not drain to read it back.
+    n[0] = int32_t(P);
+  } else {
+    AFF_RETURN_IF_ERROR(moe_count(a.ids, P, E, counts, stream));
+    AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(n.data(), counts, size_t(E) * 4, cudaMemcpyDeviceToHost, stream));
+    AFF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
   int64_t total = 0;
   for (int e = 0; e < E; ++e) off[size_t(e)] = int32_t(total), total += n[size_t(e)];
-  AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, off.data(), size_t(E) * 4, cudaMemcpyHostToDevice, stream));
+  // A copy from pageable memory may wait for the stream: the one-expert case
+  // (offset 0) sets it on the device instead.
+  if (E == 1) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(offsets, 0, 4, stream));
+  else AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, off.data(), size_t(E) * 4, cudaMemcpyHostToDevice, stream));
   // The tile list goes up now, while the stream is idle (a copy from pageable
   // memory waits for the stream's earlier work).
   MoeGgmlTile* dtiles = reinterpret_cast<MoeGgmlTile*>(static_cast<uint8_t*>(sort_raw) + tiles_at);
