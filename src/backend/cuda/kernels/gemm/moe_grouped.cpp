@@ -2,12 +2,11 @@
 // sorted bf16 inputs, then
 //  - ggml experts: a tile list (expert, first sorted row, up to 64 rows) built
 //    on the host from the counts and uploaded; one fused launch for gate, up
-//    and the SwiGLU, one for down, which writes pair order itself
-//    (moe_grouped_ggml.h);
+//    and the SwiGLU, one for down (moe_grouped_ggml.h);
 //  - other formats, per active expert: decode w1 -> GEMM gate rows, decode
 //    w3 -> GEMM up rows; one SwiGLU over all sorted rows; per expert: decode
 //    w2 -> GEMM output rows;
-// then (other formats) scatter back to pair order. Each expert's weights are read once per
+// then scatter back to pair order. Each expert's weights are read once per
 // chunk (ggml: once per 64 of its tokens) however many tokens chose it.
 #include "backend/cuda/kernels/gemm/moe_grouped.h"
 
@@ -130,18 +129,18 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
 
   if (fused) {
     // Scratch (sorted rows): inputs [total, D] bf16, activations [total, F]
-    // bf16; x's lo half is never formed (only hi enters the fused kernels, in
-    // both precisions). Down writes y in pair order itself.
+    // bf16, outputs [total, D] f32; x's lo half is never formed (only hi
+    // enters the fused kernels, in both precisions).
     AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
     AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
+    AFF_ASSIGN_OR_RETURN(void* ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
     uint16_t* x16 = static_cast<uint16_t*>(xh);
     uint16_t* act = static_cast<uint16_t*>(ah);
-    // Pairs whose id is outside [0, E) are in no count, so no tile writes
-    // their rows; the contract gives them zeros (as the scatter does).
-    if (total < P) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.y, 0, size_t(P * D) * 4, stream));
+    float* y_sorted = static_cast<float*>(ys);
     AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
     AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
-    return moe_ggml_down(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
+    AFF_RETURN_IF_ERROR(moe_ggml_down(*ggml, dtiles, n_tiles, act, y_sorted, stream));
+    return moe_scatter(y_sorted, slot_of_pair, P, D, a.y, stream);
   }
 
   // Scratch (sorted rows): inputs, gate/up, activations, outputs, one decoded weight.

@@ -25,15 +25,9 @@
 //     into a bf16 weight tile meanwhile (Q2_K, Q3_K, IQ2_XXS: the
 //     conversion-free decoders of moe_grouped_decode.cuh; other types:
 //     ggml_decode32_at, the GEMV's decoders, then a rounding per pair), then
-//     8 warps multiply: warp (wk, wn) owns all 64 tokens and 32 accumulator
-//     columns (up: 16 gate + the same 16 up rows; down: 32 rows) over the
-//     step's columns [64 wk, 64 wk + 64), 4 x 4 m16n8k16 MMAs per 16
-//     columns, operands by ldmatrix. Shared-memory bandwidth bounds this
-//     loop (an ldmatrix.x4 is 4 cycles of it, an MMA ~2 cycles of the tensor
-//     cores): a 64 x 32 warp tile loads 6 fragments per 16 MMAs where a
-//     32 x 32 tile loads 4 per 8. After the loop the wk = 1 warps hand their
-//     sums to the wk = 0 warps through shared memory, which add them in a
-//     fixed order and write the outputs.
+//     8 warps multiply: warp (wm, wn) owns tokens [32 wm, 32 wm + 32) and 32
+//     accumulator columns (up: 16 gate + the same 16 up rows; down: 32
+//     rows), 2 x 4 m16n8k16 MMAs per 16 columns, operands by ldmatrix.
 // Shared memory: weight tile 128 x 128 bf16 (32 KiB), activation tile 64 x 128
 // (16 KiB), two raw stages of 128 rows x an odd count of 16-byte units (7 for
 // Q2_K and IQ2_XXS, 9 for Q3_K), IQ2_XXS's tables (4 KiB): 76 KiB for Q2_K,
@@ -41,11 +35,10 @@
 // decode overlaps the other's MMAs.
 //
 // Tokens past the tile's count: their activation rows are stored as zeros
-// (never read from global), the 16-token fragments that lie wholly past the
-// count are skipped (block-uniform), and no output row past the count is
-// written. Down writes each token's row straight to its pair's row of y.
-// Every output element is two warps' fixed-order sums added in a fixed order:
-// results do not depend on scheduling.
+// (never read from global), the warps whose 16 or 32 tokens all lie past the
+// count skip their MMAs, and no output row past the count is written. Every
+// output element is one warp's fixed-order sum: results do not depend on
+// scheduling.
 #include "backend/cuda/kernels/gemm/moe_grouped_ggml.h"
 
 #include <cuda_bf16.h>
@@ -105,9 +98,8 @@ struct GemmParams {
   int32_t units = 0;          // slot_units of the larger of sb_a, sb_b
   const uint8_t* tables = nullptr;  // device GgmlTables
   float limit = 0.0f;         // SwiGLU clamp (up only)
-  uint16_t* act = nullptr;    // up out: [total, out] bf16 bits, sorted rows
-  float* y = nullptr;         // down out: [n_pairs, out] f32, pair order
-  const int32_t* pair_of_slot = nullptr;  // down: [total] pair of each sorted row
+  uint16_t* act = nullptr;    // up out: [total, out] bf16 bits
+  float* y = nullptr;         // down out: [total, out] f32
 };
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -167,10 +159,8 @@ __device__ __forceinline__ void decode_chunk(int type, const uint8_t* tables, co
   }
 }
 
-// The body of both launches (kUp: gate + up + SwiGLU; else down). Each is
-// its own __global__ below so that profiles tell them apart.
 template <int kType, bool kUp>
-__device__ __forceinline__ void moe_ggml_gemm(const GemmParams& p) {
+__global__ void __launch_bounds__(kThreads, 2) moe_ggml_gemm_sm90(const GemmParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* wt = reinterpret_cast<uint16_t*>(smem);            // [kRows][kStepK] bf16, swizzled
   uint16_t* xt = reinterpret_cast<uint16_t*>(smem + kWBytes);  // [kM][kStepK] bf16, swizzled
@@ -220,20 +210,16 @@ __device__ __forceinline__ void moe_ggml_gemm(const GemmParams& p) {
     moe_fast::bulk_g2s(raw + (kb & 1) * kRows * row_stride + r * row_stride, sp.base, sp.bytes, bar);
   };
 
-  // acc[m][f]: tokens 16 m + (0..15) x accumulator columns 8 f + (0..7) of
-  // the warp's 32, over the warp's half of every step's columns.
-  float acc[4][4][4];
+  float acc[2][4][4];
 #pragma unroll
-  for (int m = 0; m < 4; ++m)
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int f = 0; f < 4; ++f)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.0f;
 
-  // Warp (wk, wn): all 64 tokens x 32 accumulator columns, over columns
-  // [64 wk, 64 wk + 64) of every 128-column step (the two halves are summed
-  // after the loop).
-  const int wk = warp >> 2, wn = warp & 3;
+  const int wm = warp >> 2, wn = warp & 3;
+  const bool m0_live = 32 * wm < rows, m1_live = 32 * wm + 16 < rows;  // warp-uniform
 
   if (tid == 0) {
     moe_fast::mbar_init(bars + 0, kRows);
@@ -293,69 +279,42 @@ __device__ __forceinline__ void moe_ggml_gemm(const GemmParams& p) {
     cp_async_wait_all();  // this thread's activation units have landed
     __syncthreads();      // both tiles complete; after h == 1 no thread reads stage kb & 1 again
     if (h == 1 && kb + 2 < nkb && tid < kRows) issue_raw(kb + 2, tid);  // into the stage kb just left
-    // Each 16-column k step: the warp's two B fragment pairs (its 32 weight
-    // rows) once, then per live 16-token fragment one A load and four MMAs:
-    // 6 ldmatrix per 16 MMAs (32 x 32 warp tiles needed 4 per 8), as shared
-    // memory bandwidth, not the tensor cores, bounds this loop.
+    if (m0_live) {
 #pragma unroll
-    for (int kq = 0; kq < kStepK / 32; ++kq) {
-      const int kk = (kStepK / 32) * wk + kq;
-      uint32_t b[2][4];
+      for (int kk = 0; kk < kStepK / 16; ++kk) {
+        uint32_t a0[4], a1[4], b[2][4];
+        ldsm_x4(a0, xt + swz(32 * wm + (lane & 15), 2 * kk + (lane >> 4)));
+        if (m1_live) ldsm_x4(a1, xt + swz(32 * wm + 16 + (lane & 15), 2 * kk + (lane >> 4)));
 #pragma unroll
-      for (int fp = 0; fp < 2; ++fp) {
-        // Two 8-row B fragments (rows nb..nb+7 and nb+8..nb+15) of k 16 kk..16 kk + 15.
-        const int nb = kUp ? fp * (kRows / 2) + 16 * wn : 32 * wn + 16 * fp;
-        const int r = nb + (lane & 7) + ((lane >> 4) << 3);
-        ldsm_x4(b[fp], wt + swz(r, 2 * kk + ((lane >> 3) & 1)));
-      }
+        for (int fp = 0; fp < 2; ++fp) {
+          // Two 8-row B fragments (rows nb..nb+7 and nb+8..nb+15) of k 16 kk..16 kk + 15.
+          const int nb = kUp ? fp * (kRows / 2) + 16 * wn : 32 * wn + 16 * fp;
+          const int r = nb + (lane & 7) + ((lane >> 4) << 3);
+          ldsm_x4(b[fp], wt + swz(r, 2 * kk + ((lane >> 3) & 1)));
+        }
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        if (16 * m >= rows) break;  // block-uniform: fragments wholly past the tile's tokens
-        uint32_t a[4];
-        ldsm_x4(a, xt + swz(16 * m + (lane & 15), 2 * kk + (lane >> 4)));
+        for (int f = 0; f < 4; ++f) mma_bf16_16816(acc[0][f], a0, b[f >> 1][2 * (f & 1)], b[f >> 1][2 * (f & 1) + 1]);
+        if (m1_live) {
 #pragma unroll
-        for (int f = 0; f < 4; ++f) mma_bf16_16816(acc[m][f], a, b[f >> 1][2 * (f & 1)], b[f >> 1][2 * (f & 1) + 1]);
+          for (int f = 0; f < 4; ++f)
+            mma_bf16_16816(acc[1][f], a1, b[f >> 1][2 * (f & 1)], b[f >> 1][2 * (f & 1) + 1]);
+        }
       }
     }
     __syncthreads();  // tiles free for the next step
-  }
-
-  // The two column halves: warps wk = 1 hand their partial sums to warps
-  // wk = 0 through the weight tile (free after the loop's last barrier; 4
-  // warps x 64 floats x 32 lanes = 32 KiB = kWBytes), which add them in a
-  // fixed order.
-  {
-    float* red = reinterpret_cast<float*>(smem);
-    static_assert(4 * 64 * 32 * 4 == kWBytes, "the reduction exactly fills the weight tile");
-    if (wk == 1) {
-#pragma unroll
-      for (int m = 0; m < 4; ++m)
-#pragma unroll
-        for (int f = 0; f < 4; ++f)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) red[(wn * 64 + 16 * m + 4 * f + i) * 32 + lane] = acc[m][f][i];
-    }
-    __syncthreads();
-    if (wk == 1) return;  // no barrier below
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-#pragma unroll
-      for (int f = 0; f < 4; ++f)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][f][i] += red[(wn * 64 + 16 * m + 4 * f + i) * 32 + lane];
   }
 
   // Epilogue. Accumulator f of m-fragment m: rows g and g + 8 (c[0..1], c[2..3]),
   // columns 2c, 2c + 1 of its 8-column fragment.
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < 2; ++m) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int t = 16 * m + g + 8 * hh;
+      const int t = 32 * wm + 16 * m + g + 8 * hh;
       if (t >= rows) continue;
+      const int64_t orow = int64_t(tile.row0) + t;
       if constexpr (kUp) {
-        const int64_t orow = int64_t(tile.row0) + t;
 #pragma unroll
         for (int f = 0; f < 2; ++f) {  // gate fragments f, up fragments f + 2: the same columns
           const int64_t col = n0 + 16 * wn + 8 * f + 2 * c;
@@ -365,8 +324,6 @@ __device__ __forceinline__ void moe_ggml_gemm(const GemmParams& p) {
           *reinterpret_cast<uint32_t*>(p.act + orow * p.out + col) = pack_bf16x2(v0, v1);
         }
       } else {
-        // Straight to the pair's row: no sorted copy and no scatter pass.
-        const int64_t orow = p.pair_of_slot[tile.row0 + t];
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
           const int64_t col = n0 + 32 * wn + 8 * f + 2 * c;
@@ -376,16 +333,6 @@ __device__ __forceinline__ void moe_ggml_gemm(const GemmParams& p) {
       }
     }
   }
-}
-
-template <int kType>
-__global__ void __launch_bounds__(kThreads, 2) moe_ggml_up_sm90(const GemmParams p) {
-  moe_ggml_gemm<kType, true>(p);
-}
-
-template <int kType>
-__global__ void __launch_bounds__(kThreads, 2) moe_ggml_down_sm90(const GemmParams p) {
-  moe_ggml_gemm<kType, false>(p);
 }
 
 bool decodable(int32_t type) {
@@ -420,23 +367,13 @@ using Kernel = void (*)(GemmParams);
 // and Q4_K with the type fixed, everything else (and gate/up of different
 // types) through the run-time switch of the decoder.
 template <bool kUp>
-Kernel pick(int type) {
-  if constexpr (kUp) {
-    switch (type) {
-      case kQ2K: return moe_ggml_up_sm90<kQ2K>;
-      case kQ3K: return moe_ggml_up_sm90<kQ3K>;
-      case int(GgmlType::kQ4_K): return moe_ggml_up_sm90<int(GgmlType::kQ4_K)>;
-      case kIQ2XXS: return moe_ggml_up_sm90<kIQ2XXS>;
-      default: return moe_ggml_up_sm90<-1>;
-    }
-  } else {
-    switch (type) {
-      case kQ2K: return moe_ggml_down_sm90<kQ2K>;
-      case kQ3K: return moe_ggml_down_sm90<kQ3K>;
-      case int(GgmlType::kQ4_K): return moe_ggml_down_sm90<int(GgmlType::kQ4_K)>;
-      case kIQ2XXS: return moe_ggml_down_sm90<kIQ2XXS>;
-      default: return moe_ggml_down_sm90<-1>;
-    }
+Kernel pick(int32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::kQ2_K: return moe_ggml_gemm_sm90<int(GgmlType::kQ2_K), kUp>;
+    case GgmlType::kQ3_K: return moe_ggml_gemm_sm90<int(GgmlType::kQ3_K), kUp>;
+    case GgmlType::kQ4_K: return moe_ggml_gemm_sm90<int(GgmlType::kQ4_K), kUp>;
+    case GgmlType::kIQ2_XXS: return moe_ggml_gemm_sm90<int(GgmlType::kIQ2_XXS), kUp>;
+    default: return moe_ggml_gemm_sm90<-1, kUp>;
   }
 }
 
@@ -496,12 +433,12 @@ Status moe_ggml_up(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles
   if (p.K % 256 != 0 || p.sb_a <= 0 || p.sb_b <= 0 || p.units > kMaxSlotUnits)
     return internal_error("moe_ggml_up: layout not checked by moe_ggml_layout");
   const bool same = l.w1.ggml_type == l.w3.ggml_type;
-  const Kernel k = same ? pick<true>(l.w1.ggml_type) : pick<true>(-1);
+  const Kernel k = same ? pick<true>(l.w1.ggml_type) : moe_ggml_gemm_sm90<-1, true>;
   return launch(k, same && l.w1.ggml_type == kIQ2XXS, p, "moe_ggml_up_sm90", stream);
 }
 
-Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
-                     const int32_t* pair_of_slot, float* y, cudaStream_t stream) {
+Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act, float* y,
+                     cudaStream_t stream) {
   GemmParams p;
   p.tiles = tiles, p.n_tiles = n_tiles, p.row_blocks = int32_t((l.w2.out + kRows - 1) / kRows);
   p.x = act, p.K = l.w2.in, p.out = l.w2.out;
@@ -509,7 +446,7 @@ Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_til
   p.row_bytes_a = p.row_bytes_b = l.w2.row_bytes;
   p.sb_a = p.sb_b = int32_t(sb_bytes(l.w2));
   p.units = slot_units(p.sb_a);
-  p.tables = l.w2.tables, p.y = y, p.pair_of_slot = pair_of_slot;
+  p.tables = l.w2.tables, p.y = y;
   if (p.K % 256 != 0 || p.sb_a <= 0 || p.units > kMaxSlotUnits)
     return internal_error("moe_ggml_down: layout not checked by moe_ggml_layout");
   return launch(pick<false>(l.w2.ggml_type), l.w2.ggml_type == kIQ2XXS, p, "moe_ggml_down_sm90", stream);

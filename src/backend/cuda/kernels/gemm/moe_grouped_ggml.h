@@ -1,7 +1,6 @@
 // Fused grouped kernels of moe_grouped_ffn for experts stored in ggml block
-// formats: one launch (moe_ggml_up_sm90) computes gate, up and the clamped
-// SwiGLU for every (expert, token block), one (moe_ggml_down_sm90) computes
-// down and writes each output to its pair's row. Each block decodes its
+// formats: one launch computes gate, up and the clamped SwiGLU for every
+// (expert, token block), one launch computes down. Each block decodes its
 // weight rows from the ggml bytes into shared memory as bf16, one half
 // super-block (128 columns) at a time, and multiplies them with the tokens'
 // bf16 activations on tensor cores (mma.sync m16n8k16, f32 accumulation).
@@ -67,11 +66,9 @@ inline int64_t moe_ggml_max_tiles(int64_t n_pairs, int E) {
 Status moe_ggml_up(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* x,
                    float swiglu_limit, uint16_t* act, cudaStream_t stream);
 
-// y[pair_of_slot[r], :] = w2 act_r for every sorted row r of every tile (f32
-// out, written in pair order: no scatter pass). act: device [total, inter]
-// bf16 bits; pair_of_slot: device [total]; y: device [n_pairs, D] f32 (rows
-// of pairs no tile covers are not written).
-Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
-                     const int32_t* pair_of_slot, float* y, cudaStream_t stream);
+// y[r, :] = w2 act_r for every sorted row r of every tile (f32 out).
+// act: device [total, inter] bf16 bits; y: device [total, D] f32.
+Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act, float* y,
+                     cudaStream_t stream);
 
 }  // namespace aff::cuda
