@@ -110,6 +110,47 @@ TEST(MoeGrouped, MatchesPerPairExperts) {
   }
 }
 
+// The shared expert's form: one expert, every id 0, one pair per token. With
+// ids_all_zero the call skips the count read-back, the sort, the gather and the
+// scatter; each output row depends on its own input row only, so the result
+// must be bit-identical to the sorted route's.
+TEST(MoeGrouped, OneExpertIdentityMatchesSortedRoute) {
+  AFF_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  const int64_t D = 256, F = 192, T = 77;
+  for (DevFormat f : {DevFormat::kFP8Block, DevFormat::kBF16}) {
+    std::vector<testing::RandomWeight> keep;
+    std::vector<ExpertSlot> slots(1);
+    keep.push_back(testing::make_weight(f, F, D, rng));
+    slots[0].w1 = keep.back().w;
+    keep.push_back(testing::make_weight(f, F, D, rng));
+    slots[0].w3 = keep.back().w;
+    keep.push_back(testing::make_weight(f, D, F, rng));
+    slots[0].w2 = keep.back().w;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(size_t(T * D));
+    for (float& v : x) v = nd(rng) * 0.05f;
+    auto dids = upload_vector(std::vector<int32_t>(size_t(T), 0), "ids");
+    auto dx = upload_vector(x, "x");
+    auto y_sorted = DeviceBuffer::allocate(size_t(T * D) * 4, "y_sorted");
+    auto y_direct = upload_vector(std::vector<float>(size_t(T * D), std::nanf("")), "y_direct");
+    ASSERT_TRUE(dids.is_ok() && dx.is_ok() && y_sorted.is_ok() && y_direct.is_ok());
+    for (MmaPrecision p : {MmaPrecision::kBf16x3, MmaPrecision::kBf16}) {
+      GroupedMoeArgs g;
+      g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = T, g.pairs_per_token = 1;
+      g.x = dx->as<float>(), g.D = D, g.inter = F, g.swiglu_limit = 7.0f, g.y = y_sorted->as<float>();
+      ASSERT_TRUE(moe_grouped_ffn(g, p, nullptr).is_ok());
+      g.ids_all_zero = true, g.y = y_direct->as<float>();
+      ASSERT_TRUE(moe_grouped_ffn(g, p, nullptr).is_ok());
+      auto a = download_vector(y_sorted->as<float>(), size_t(T * D), "y_sorted");
+      auto b = download_vector(y_direct->as<float>(), size_t(T * D), "y_direct");
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      for (float v : *b) ASSERT_TRUE(std::isfinite(v)) << testing::name_of(f);
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * 4), 0) << testing::name_of(f);
+    }
+  }
+}
+
 // ---- ggml experts: the fused kernels (moe_grouped_ggml.h) ---------------------------
 
 using quant::GgmlType;

@@ -98,7 +98,8 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
 // in the table has a bf16 decoder at the current precision; the rest to the
 // per-pair GEMV. host_slots: the table's contents on the host (empty: fetch
 // them, one small synchronous copy, prefill only).
-Status run_experts(const ExpertFfnArgs& e, std::span<const ExpertSlot> host_slots, cudaStream_t s) {
+Status run_experts(const ExpertFfnArgs& e, std::span<const ExpertSlot> host_slots, cudaStream_t s,
+                   bool ids_all_zero = false) {
   const int64_t T = e.n_pairs / (e.pairs_per_token > 0 ? e.pairs_per_token : 1);
   if (T < kGroupedMoeMinTokens) return expert_ffn(e, s);
   ExpertSlot fetched;
@@ -112,6 +113,7 @@ Status run_experts(const ExpertFfnArgs& e, std::span<const ExpertSlot> host_slot
   GroupedMoeArgs g;
   g.slots = host_slots, g.ids = e.ids, g.n_pairs = e.n_pairs, g.pairs_per_token = e.pairs_per_token;
   g.x = e.x, g.D = e.D, g.inter = e.inter, g.swiglu_limit = e.swiglu_limit, g.y = e.y;
+  g.ids_all_zero = ids_all_zero;
   return moe_grouped_ffn(g, mma_precision(), s);
 }
 
@@ -325,7 +327,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     e.slots = w.shared_slot, e.format = w.shared_format, e.ids = ws.zero_ids.as<int32_t>(), e.n_pairs = T;
     e.pairs_per_token = 1, e.x = x, e.D = c.hidden_size, e.inter = c.moe_inter, e.swiglu_limit = limit;
     e.act = ws.act.as<float>(), e.y = ws.y_shared.as<float>();
-    AFF_RETURN_IF_ERROR(run_experts(e, std::span<const ExpertSlot>(&w.shared_host, 1), s));
+    AFF_RETURN_IF_ERROR(run_experts(e, std::span<const ExpertSlot>(&w.shared_host, 1), s, /*ids_all_zero=*/true));
     shared = e.y;
   }
   return moe_combine(ws.route_w.as<float>(), ws.y_pairs.as<float>(), T, no_routed ? 0 : k, c.hidden_size,

@@ -6,8 +6,9 @@
 //  - other formats, per active expert: decode w1 -> GEMM gate rows, decode
 //    w3 -> GEMM up rows; one SwiGLU over all sorted rows; per expert: decode
 //    w2 -> GEMM output rows;
-// then scatter back to pair order. Each expert's weights are read once per
-// chunk (ggml: once per 64 of its tokens) however many tokens chose it.
+// then (other formats; the ggml down kernel writes pair order itself) scatter
+// back to pair order. Each expert's weights are read once per chunk (ggml:
+// once per 64 of its tokens) however many tokens chose it.
 #include "backend/cuda/kernels/gemm/moe_grouped.h"
 
 #include <algorithm>
@@ -98,7 +99,8 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   int32_t* slot_of_pair = cursor + E;
   int32_t* pair_of_slot = slot_of_pair + P;
   std::vector<int32_t> n(static_cast<size_t>(E)), off(static_cast<size_t>(E));
-  if (E == 1) {
+  const bool known = E == 1 && a.ids_all_zero;
+  if (known) {
     // One expert (the shared one) takes every pair: the count is known, and
     // the stream need not drain to read it back.
     n[0] = int32_t(P);
@@ -111,7 +113,7 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   for (int e = 0; e < E; ++e) off[size_t(e)] = int32_t(total), total += n[size_t(e)];
   // A copy from pageable memory may wait for the stream: the one-expert case
   // (offset 0) sets it on the device instead.
-  if (E == 1) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(offsets, 0, 4, stream));
+  if (known) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(offsets, 0, 4, stream));
   else AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, off.data(), size_t(E) * 4, cudaMemcpyHostToDevice, stream));
   // The tile list goes up now, while the stream is idle (a copy from pageable
   // memory waits for the stream's earlier work).
@@ -125,22 +127,26 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
       AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dtiles, tiles.data(), tiles.size() * sizeof(MoeGgmlTile),
                                                cudaMemcpyHostToDevice, stream));
   }
-  AFF_RETURN_IF_ERROR(moe_place(a.ids, P, E, offsets, cursor, slot_of_pair, pair_of_slot, stream));
+  // One expert taking every pair, one pair per token (the shared expert): the
+  // sorted order is the pair order, so the inputs are split in place of the
+  // gather and the outputs land in y without a scatter.
+  const bool identity = known && a.pairs_per_token == 1 && !fused;
+  if (!identity) AFF_RETURN_IF_ERROR(moe_place(a.ids, P, E, offsets, cursor, slot_of_pair, pair_of_slot, stream));
 
   if (fused) {
     // Scratch (sorted rows): inputs [total, D] bf16, activations [total, F]
-    // bf16, outputs [total, D] f32; x's lo half is never formed (only hi
-    // enters the fused kernels, in both precisions).
+    // bf16; x's lo half is never formed (only hi enters the fused kernels, in
+    // both precisions). Down writes y in pair order itself.
     AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
     AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
-    AFF_ASSIGN_OR_RETURN(void* ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
     uint16_t* x16 = static_cast<uint16_t*>(xh);
     uint16_t* act = static_cast<uint16_t*>(ah);
-    float* y_sorted = static_cast<float*>(ys);
+    // Pairs whose id is outside [0, E) are in no count, so no tile writes
+    // their rows; the contract gives them zeros (as the scatter did).
+    if (total < P) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.y, 0, size_t(P * D) * 4, stream));
     AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
     AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
-    AFF_RETURN_IF_ERROR(moe_ggml_down(*ggml, dtiles, n_tiles, act, y_sorted, stream));
-    return moe_scatter(y_sorted, slot_of_pair, P, D, a.y, stream);
+    return moe_ggml_down(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
   }
 
   // Scratch (sorted rows): inputs, gate/up, activations, outputs, one decoded weight.
@@ -155,13 +161,17 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   AFF_ASSIGN_OR_RETURN(void* gate, gemm_scratch(*ctx, kBufGate, size_t(total * F) * 4));
   AFF_ASSIGN_OR_RETURN(void* up, gemm_scratch(*ctx, kBufUp, size_t(total * F) * 4));
   AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
-  AFF_ASSIGN_OR_RETURN(void* ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
+  void* ys = a.y;
+  if (!identity) {
+    AFF_ASSIGN_OR_RETURN(ys, gemm_scratch(*ctx, kBufY, size_t(total * D) * 4));
+  }
   AFF_ASSIGN_OR_RETURN(void* tile_raw, gemm_scratch(*ctx, kBufWTile, size_t(F * D) * 2));
   uint16_t* tile = static_cast<uint16_t*>(tile_raw);
   auto u16 = [](void* p) { return static_cast<uint16_t*>(p); };
   auto f32 = [](void* p) { return static_cast<float*>(p); };
 
-  AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, u16(xh), u16(xl), stream));
+  if (identity) AFF_RETURN_IF_ERROR(split_rows_bf16(a.x, D, P, D, u16(xh), u16(xl), stream));
+  else AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, u16(xh), u16(xl), stream));
   for (int e = 0; e < E; ++e) {
     const int64_t ne = n[size_t(e)], o = off[size_t(e)];
     if (ne == 0) continue;
@@ -181,6 +191,7 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
     AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, D, ne, F, w2, u16(ah) + o * F, split ? u16(al) + o * F : nullptr, F,
                                       f32(ys) + o * D, D));
   }
+  if (identity) return Status::ok();
   return moe_scatter(f32(ys), slot_of_pair, P, D, a.y, stream);
 }
 

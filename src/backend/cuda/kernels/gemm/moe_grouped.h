@@ -47,6 +47,8 @@ struct GroupedMoeArgs {
   int64_t D = 0, inter = 0;            // hidden size, expert intermediate size
   float swiglu_limit = 0.0f;           // 0 disables the clamp
   float* y = nullptr;                  // device out [n_pairs, D], unweighted expert outputs
+  bool ids_all_zero = false;           // every id is 0 (one-expert table, e.g. the shared expert):
+                                       // the count is P and need not be read back
 };
 
 // Whether every expert of the table can take this path at this precision.

@@ -99,7 +99,8 @@ struct GemmParams {
   const uint8_t* tables = nullptr;  // device GgmlTables
   float limit = 0.0f;         // SwiGLU clamp (up only)
   uint16_t* act = nullptr;    // up out: [total, out] bf16 bits
-  float* y = nullptr;         // down out: [total, out] f32
+  float* y = nullptr;         // down out: [n_pairs, out] f32, sorted row r at row pair_of_slot[r]
+  const int32_t* pair_of_slot = nullptr;  // down: [total] pair of each sorted row
 };
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -324,11 +325,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_ggml_gemm_sm90(const GemmPara
           *reinterpret_cast<uint32_t*>(p.act + orow * p.out + col) = pack_bf16x2(v0, v1);
         }
       } else {
+        // Written in pair order: the pass that scattered a sorted copy is gone.
+        const int64_t yrow = p.pair_of_slot[orow];
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
           const int64_t col = n0 + 32 * wn + 8 * f + 2 * c;
           if (col >= p.out) continue;
-          *reinterpret_cast<float2*>(p.y + orow * p.out + col) = make_float2(acc[m][f][2 * hh], acc[m][f][2 * hh + 1]);
+          *reinterpret_cast<float2*>(p.y + yrow * p.out + col) = make_float2(acc[m][f][2 * hh], acc[m][f][2 * hh + 1]);
         }
       }
     }
@@ -437,8 +440,8 @@ Status moe_ggml_up(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles
   return launch(k, same && l.w1.ggml_type == kIQ2XXS, p, "moe_ggml_up_sm90", stream);
 }
 
-Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act, float* y,
-                     cudaStream_t stream) {
+Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
+                     const int32_t* pair_of_slot, float* y, cudaStream_t stream) {
   GemmParams p;
   p.tiles = tiles, p.n_tiles = n_tiles, p.row_blocks = int32_t((l.w2.out + kRows - 1) / kRows);
   p.x = act, p.K = l.w2.in, p.out = l.w2.out;
@@ -446,7 +449,7 @@ Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_til
   p.row_bytes_a = p.row_bytes_b = l.w2.row_bytes;
   p.sb_a = p.sb_b = int32_t(sb_bytes(l.w2));
   p.units = slot_units(p.sb_a);
-  p.tables = l.w2.tables, p.y = y;
+  p.tables = l.w2.tables, p.y = y, p.pair_of_slot = pair_of_slot;
   if (p.K % 256 != 0 || p.sb_a <= 0 || p.units > kMaxSlotUnits)
     return internal_error("moe_ggml_down: layout not checked by moe_ggml_layout");
   return launch(pick<false>(l.w2.ggml_type), l.w2.ggml_type == kIQ2XXS, p, "moe_ggml_down_sm90", stream);

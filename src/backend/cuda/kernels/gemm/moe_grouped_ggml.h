@@ -66,9 +66,11 @@ inline int64_t moe_ggml_max_tiles(int64_t n_pairs, int E) {
 Status moe_ggml_up(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* x,
                    float swiglu_limit, uint16_t* act, cudaStream_t stream);
 
-// y[r, :] = w2 act_r for every sorted row r of every tile (f32 out).
-// act: device [total, inter] bf16 bits; y: device [total, D] f32.
-Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act, float* y,
-                     cudaStream_t stream);
+// y[pair_of_slot[r], :] = w2 act_r for every sorted row r of every tile (f32
+// out, written in pair order: no scatter pass). act: device [total, inter]
+// bf16 bits; pair_of_slot: device [total]; y: device [n_pairs, D] f32 (rows
+// of pairs that no tile covers are not written).
+Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
+                     const int32_t* pair_of_slot, float* y, cudaStream_t stream);
 
 }  // namespace aff::cuda
