@@ -4,11 +4,15 @@
 // unused and give others many tokens, with and without the SwiGLU clamp.
 // MoeGroupedGgmlDecode (host only, no GPU needed): the fused kernels'
 // conversion-free chunk decoders equal bf16_rn of the CPU reference decoders
-// bit for bit. MoeGroupedGgml: the fused kernels for ggml experts against a CPU reference
-// (rows dequantised by src/quant, f64 dots), token counts per expert around
-// the 64-token tile (0, 1, 63, 64, 65, 130), small and V4-sized shapes, both
-// MMA precisions, repeatability, and agreement with the per-expert cuBLAS
-// path on the same bf16 operands. MoeGroupedBench times both at V4 geometry.
+// bit for bit, the second form's sub-block decoders equal the chunk decoders,
+// and its permuted MMA fragments give the full dot product. MoeGroupedGgml:
+// the fused kernels for ggml experts, both forms (moe_grouped_set_ggml_kernel),
+// against a CPU reference (rows dequantised by src/quant, f64 dots), token
+// counts per expert around the 64-token tile (0, 1, 63, 64, 65, 130), small
+// and V4-sized shapes, both MMA precisions, repeatability, agreement with the
+// per-expert cuBLAS path on the same bf16 operands, and of the two forms.
+// MoeGroupedGgmlForms: the two forms launch by launch at V4 geometry.
+// MoeGroupedBench times the forms and cuBLAS at V4 geometry.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -190,7 +194,7 @@ TEST(MoeGroupedGgmlDecode, ChunksEqualReferenceRoundedToBf16) {
       }
     std::vector<float> want(size_t(n_blocks) * 256);
     ASSERT_TRUE(quant::dequantize_row(c.type, {blocks, size_t(n_blocks * bb)}, want).is_ok());
-    int64_t bad = 0;
+    int64_t bad = 0, bad_sub = 0;
     for (int b = 0; b < n_blocks; ++b)
       for (int j = 0; j < 8; ++j) {
         uint32_t o[16];
@@ -206,9 +210,75 @@ TEST(MoeGroupedGgmlDecode, ChunksEqualReferenceRoundedToBf16) {
                           << ": got 0x" << std::hex << o[i] << " want 0x" << expect << std::dec << " (" << w[0]
                           << ", " << w[1] << ")";
         }
+        // The second form's sub-block decoders (16 elements, two halves of
+        // four words): the same words as the chunk decoder, bit for bit.
+        for (int h = 0; h < 2; ++h) {
+          const int sb = 2 * j + h;
+          for (int hh = 0; hh < 2; ++hh) {
+            uint32_t q[4];
+            if (c.type == GgmlType::kQ2_K) moe_grouped::q2k_sub_half(blk, sb, hh, moe_grouped::q2k_sub_table(blk, sb), q);
+            if (c.type == GgmlType::kQ3_K) moe_grouped::q3k_sub_half(blk, sb, hh, moe_grouped::q3k_sub_table(blk, sb), q);
+            if (c.type == GgmlType::kIQ2_XXS)
+              moe_grouped::iq2xxs_sub_half(blk, sb, hh, moe_grouped::iq2xxs_sub_table(blk, sb), sel.data(),
+                                           sign.data(), q);
+            for (int i = 0; i < 4; ++i)
+              if (q[i] != o[8 * h + 4 * hh + i] && bad_sub++ < 5)
+                ADD_FAILURE() << quant::ggml_type_name(c.type) << " block " << b << " sub-block " << sb << " half "
+                              << hh << " word " << i << ": got 0x" << std::hex << q[i] << " want 0x"
+                              << o[8 * h + 4 * hh + i] << std::dec;
+          }
+        }
       }
     EXPECT_EQ(bad, 0) << quant::ggml_type_name(c.type);
+    EXPECT_EQ(bad_sub, 0) << quant::ggml_type_name(c.type) << " (sub-block decoders)";
   }
+}
+
+// The second form's K-order permutation (moe_grouped_ggml_v2.cu), emulated on
+// the host: lanes fill their A and B registers as the kernel does (lane (g, c)
+// takes sub-block c of a 64-column group, MMA j elements [4j, 4j + 4) of it;
+// B the same columns of token g), and m16n8k16 is applied by its documented
+// fragment layout (mma_bf16.cuh). The four MMAs of a group must give every
+// (row, token) the full 64-term dot product. Small integers: exact sums.
+TEST(MoeGroupedGgmlDecode, PermutedFragmentsGiveTheGroupDot) {
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> v(-8, 8);
+  int A[16][64], X[8][64];  // weight rows x group columns, tokens x group columns
+  for (auto& r : A)
+    for (int& e : r) e = v(rng);
+  for (auto& r : X)
+    for (int& e : r) e = v(rng);
+  int64_t C[16][8] = {};
+  for (int j = 0; j < 4; ++j) {
+    // Registers as the kernel fills them: element pairs (low, high half).
+    int a[32][4][2], b[32][2][2];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, c = lane % 4, col = 16 * c + 4 * j;  // group column of element 4j of sub-block c
+      for (int e = 0; e < 2; ++e) {
+        a[lane][0][e] = A[g][col + e];          // row g,     elements 4j, 4j+1
+        a[lane][1][e] = A[g + 8][col + e];      // row g + 8, elements 4j, 4j+1
+        a[lane][2][e] = A[g][col + 2 + e];      // row g,     elements 4j+2, 4j+3
+        a[lane][3][e] = A[g + 8][col + 2 + e];  // row g + 8, elements 4j+2, 4j+3
+        b[lane][0][e] = X[g][col + e];          // b0: the first 16-bit pair of the 16-byte load
+        b[lane][1][e] = X[g][col + 2 + e];      // b1
+      }
+    }
+    // m16n8k16 by its fragment layout: A(r, k) and B(k, n) from the lanes that hold them.
+    for (int r = 0; r < 16; ++r)
+      for (int n = 0; n < 8; ++n)
+        for (int k = 0; k < 16; ++k) {
+          const int ca = k % 8 / 2, ea = k % 2, ra = (r % 8) * 4 + ca;  // lane holding A(r, k)
+          const int ia = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+          const int lb = n * 4 + ca;                                       // lane holding B(k, n)
+          C[r][n] += int64_t(a[ra][ia][ea]) * b[lb][k >= 8 ? 1 : 0][ea];
+        }
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      int64_t want = 0;
+      for (int k = 0; k < 64; ++k) want += int64_t(A[r][k]) * X[n][k];
+      EXPECT_EQ(C[r][n], want) << "row " << r << " token " << n;
+    }
 }
 
 // Against the CPU reference (exactly dequantised weights, x rounded to bf16 as
@@ -238,6 +308,12 @@ constexpr double kGgmlVsPerExpertMaxRelRms = 1e-3;
 // 1.3e-2 and 2.0e-2 with f32 and with bf16 x, the per-expert path giving the
 // same bits), so the clamp is checked against the emulated reference only.
 constexpr double kGgmlVsEmulatedMaxRelRms = 1e-3;
+// Second form against the first (end to end, through moe_grouped_ffn): the
+// same bf16 operands, only the f32 summation order differs, and as against the
+// per-expert path that flips the bf16 rounding of a few activation elements
+// (~1.2e-4 estimated above); 1e-3 as there. Kernel by kernel on the same
+// inputs the bound is tighter: MoeGroupedGgmlForms.
+constexpr double kGgmlV2VsV1MaxRelRms = 1e-3;
 constexpr float kGgmlClamp = 0.6f;  // engages on these weights (gate/up of std ~1 at D = 512)
 
 struct GgmlExpertCase {
@@ -249,14 +325,16 @@ struct GgmlExpertCase {
   bool random_blocks = false;  // random bytes instead of quantised Gaussians (Q2_K / Q3_K only)
 };
 
-// W [out, in] in Q2_K or Q3_K as random bytes with every f16 scale field set
+// W [out, in] in Q2_K, Q3_K or IQ2_XXS as random bytes with every f16 scale field set
 // to a value in [lo, hi): valid blocks without the reference quantisers, which
 // take about a second per million weights on one core (a V4-sized expert has
 // 25 million).
 dsv4::Linear random_block_linear(GgmlType t, int64_t out, int64_t in, float lo, float hi, std::mt19937_64& rng,
                                  testing::Keep& keep) {
-  const std::vector<int> fields = t == GgmlType::kQ2_K ? std::vector<int>{80, 82} : std::vector<int>{108};
-  EXPECT_TRUE(t == GgmlType::kQ2_K || t == GgmlType::kQ3_K);
+  const std::vector<int> fields = t == GgmlType::kQ2_K   ? std::vector<int>{80, 82}
+                                  : t == GgmlType::kQ3_K ? std::vector<int>{108}
+                                                         : std::vector<int>{0};
+  EXPECT_TRUE(t == GgmlType::kQ2_K || t == GgmlType::kQ3_K || t == GgmlType::kIQ2_XXS);
   const int64_t bb = quant::ggml_traits(t).block_bytes, row_bytes = *quant::ggml_row_bytes(t, in);
   keep.push_back(std::make_shared<std::vector<uint8_t>>(size_t(out * row_bytes)));
   uint8_t* data = keep.back()->data();
@@ -381,7 +459,8 @@ TEST_P(MoeGroupedGgml, MatchesReferenceAndRepeatsBits) {
   auto dy = DeviceBuffer::allocate(size_t(P * D) * 4, "y");
   ASSERT_TRUE(dids.is_ok() && dx.is_ok() && dy.is_ok());
   struct FusedGuard {
-    ~FusedGuard() { moe_grouped_set_ggml_fused(true); }
+    int form = moe_grouped_ggml_kernel();
+    ~FusedGuard() { moe_grouped_set_ggml_fused(true), moe_grouped_set_ggml_kernel(form); }
   } fused_guard;
   auto run = [&](float limit, MmaPrecision prec, bool fused, std::vector<float>& out) {
     moe_grouped_set_ggml_fused(fused);
@@ -418,36 +497,51 @@ TEST_P(MoeGroupedGgml, MatchesReferenceAndRepeatsBits) {
         want[size_t(p * D + d)] = float(s), want_e[size_t(p * D + d)] = float(se);
       }
     }
-    std::vector<float> by_prec[2];
-    for (int pi = 0; pi < 2; ++pi) {
-      const MmaPrecision prec = pi == 0 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
-      std::vector<float> runs[2];
-      run(limit, prec, true, runs[0]);
-      run(limit, prec, true, runs[1]);
-      if (HasFatalFailure()) return;
-      for (size_t i = 0; i < runs[0].size(); ++i)
-        ASSERT_TRUE(std::isfinite(runs[0][i])) << "output " << i << " (pair " << i / size_t(D) << ")";
-      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "not repeatable";
-      const double err = rel_rms(runs[0].data(), want.data(), want.size());
-      const double err_e = rel_rms(runs[0].data(), want_e.data(), want_e.size());
-      std::printf("[moe-grouped-ggml] %-22s limit %.1f %-6s rel rms vs reference %.3e (tol %s), "
-                  "vs bf16-emulated reference %.3e (tol %.0e)\n",
-                  c.name.c_str(), limit, pi == 0 ? "bf16x3" : "bf16", err, limit > 0.0f ? "-" : "1e-02", err_e,
-                  kGgmlVsEmulatedMaxRelRms);
-      if (limit == 0.0f) EXPECT_LE(err, kGgmlMaxRelRms) << (pi == 0 ? "bf16x3" : "bf16");
-      EXPECT_LE(err_e, kGgmlVsEmulatedMaxRelRms) << (pi == 0 ? "bf16x3" : "bf16") << " limit " << limit;
-      by_prec[pi] = std::move(runs[0]);
-    }
-    // Only x's bf16 hi part enters the fused kernels, in both settings.
-    EXPECT_EQ(std::memcmp(by_prec[0].data(), by_prec[1].data(), by_prec[0].size() * 4), 0)
-        << "the two precisions should give the same bits";
     std::vector<float> per_expert;
     run(limit, MmaPrecision::kBf16, false, per_expert);
     if (HasFatalFailure()) return;
-    const double diff = rel_rms(by_prec[1].data(), per_expert.data(), per_expert.size());
-    std::printf("[moe-grouped-ggml] %-22s limit %.1f        rel rms vs per-expert cuBLAS %.3e (tol %.0e)\n",
-                c.name.c_str(), limit, diff, kGgmlVsPerExpertMaxRelRms);
-    EXPECT_LE(diff, kGgmlVsPerExpertMaxRelRms) << "limit " << limit;
+    // Both forms of the fused kernels (moe_grouped_set_ggml_kernel; the second
+    // takes Q2_K, Q3_K and IQ2_XXS launches, the first the rest): every bound
+    // above holds for either, since they multiply the same bf16 operands.
+    std::vector<float> by_form[2];
+    for (int form = 1; form <= 2; ++form) {
+      moe_grouped_set_ggml_kernel(form);
+      const std::string tag = "v" + std::to_string(form);
+      std::vector<float> by_prec[2];
+      for (int pi = 0; pi < 2; ++pi) {
+        const MmaPrecision prec = pi == 0 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
+        std::vector<float> runs[2];
+        run(limit, prec, true, runs[0]);
+        run(limit, prec, true, runs[1]);
+        if (HasFatalFailure()) return;
+        for (size_t i = 0; i < runs[0].size(); ++i)
+          ASSERT_TRUE(std::isfinite(runs[0][i])) << tag << " output " << i << " (pair " << i / size_t(D) << ")";
+        EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << tag << " not repeatable";
+        const double err = rel_rms(runs[0].data(), want.data(), want.size());
+        const double err_e = rel_rms(runs[0].data(), want_e.data(), want_e.size());
+        std::printf("[moe-grouped-ggml] %-22s %s limit %.1f %-6s rel rms vs reference %.3e (tol %s), "
+                    "vs bf16-emulated reference %.3e (tol %.0e)\n",
+                    c.name.c_str(), tag.c_str(), limit, pi == 0 ? "bf16x3" : "bf16", err,
+                    limit > 0.0f ? "-" : "1e-02", err_e, kGgmlVsEmulatedMaxRelRms);
+        if (limit == 0.0f) {
+          EXPECT_LE(err, kGgmlMaxRelRms) << tag << (pi == 0 ? " bf16x3" : " bf16");
+        }
+        EXPECT_LE(err_e, kGgmlVsEmulatedMaxRelRms) << tag << (pi == 0 ? " bf16x3" : " bf16") << " limit " << limit;
+        by_prec[pi] = std::move(runs[0]);
+      }
+      // Only x's bf16 hi part enters the fused kernels, in both settings.
+      EXPECT_EQ(std::memcmp(by_prec[0].data(), by_prec[1].data(), by_prec[0].size() * 4), 0)
+          << tag << ": the two precisions should give the same bits";
+      const double diff = rel_rms(by_prec[1].data(), per_expert.data(), per_expert.size());
+      std::printf("[moe-grouped-ggml] %-22s %s limit %.1f        rel rms vs per-expert cuBLAS %.3e (tol %.0e)\n",
+                  c.name.c_str(), tag.c_str(), limit, diff, kGgmlVsPerExpertMaxRelRms);
+      EXPECT_LE(diff, kGgmlVsPerExpertMaxRelRms) << tag << " limit " << limit;
+      by_form[form - 1] = std::move(by_prec[1]);
+    }
+    const double forms = rel_rms(by_form[1].data(), by_form[0].data(), by_form[0].size());
+    std::printf("[moe-grouped-ggml] %-22s limit %.1f        rel rms v2 vs v1 %.3e (tol %.0e)\n", c.name.c_str(),
+                limit, forms, kGgmlV2VsV1MaxRelRms);
+    EXPECT_LE(forms, kGgmlV2VsV1MaxRelRms) << "limit " << limit;
   }
 }
 
@@ -474,9 +568,200 @@ INSTANTIATE_TEST_SUITE_P(
                        true}),
     [](const ::testing::TestParamInfo<GgmlExpertCase>& i) { return i.param.name; });
 
+// The shared expert's form (one expert, every id 0, one pair per token) for
+// ggml experts, through the fused kernels in both forms: with ids_all_zero the
+// call skips the count read-back and the sort; the sorted order is then the
+// pair order and each output row depends on its own input row only, so the
+// result must be bit-identical to the sorted route's. 77 tokens: one full tile
+// and one partial one.
+TEST(MoeGroupedGgmlIdentity, OneExpertMatchesSortedRouteBothForms) {
+  AFF_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(13);
+  const int64_t D = 512, F = 256, T = 77;
+  testing::Keep keep;
+  dsv4::ExpertWeights e;
+  e.w1 = testing::random_ggml_linear(GgmlType::kQ2_K, F, D, rng, keep);
+  e.w3 = testing::random_ggml_linear(GgmlType::kQ2_K, F, D, rng, keep);
+  e.w2 = testing::random_ggml_linear(GgmlType::kQ3_K, D, F, rng, keep);
+  DeviceArena arena;
+  ASSERT_TRUE(
+      arena.reserve(linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2), "expert")
+          .is_ok());
+  auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
+  ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
+  std::vector<ExpertSlot> slots = {ExpertSlot{*w1, *w3, *w2}};
+  ASSERT_TRUE(moe_ggml_layout(slots.data(), slots.size(), D, F).is_ok());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(T * D));
+  for (float& v : x) v = nd(rng);
+  auto dids = upload_vector(std::vector<int32_t>(size_t(T), 0), "ids");
+  auto dx = upload_vector(x, "x");
+  auto y_sorted = DeviceBuffer::allocate(size_t(T * D) * 4, "y_sorted");
+  auto y_direct = DeviceBuffer::allocate(size_t(T * D) * 4, "y_direct");
+  ASSERT_TRUE(dids.is_ok() && dx.is_ok() && y_sorted.is_ok() && y_direct.is_ok());
+  struct FormGuard {
+    int form = moe_grouped_ggml_kernel();
+    ~FormGuard() { moe_grouped_set_ggml_kernel(form); }
+  } form_guard;
+  std::vector<float> by_form[2];
+  for (int form = 1; form <= 2; ++form) {
+    moe_grouped_set_ggml_kernel(form);
+    const std::vector<float> nan(size_t(T * D), std::nanf(""));
+    ASSERT_TRUE(copy_to_device(y_sorted->data(), nan.data(), nan.size() * 4, "y_sorted").is_ok());
+    ASSERT_TRUE(copy_to_device(y_direct->data(), nan.data(), nan.size() * 4, "y_direct").is_ok());
+    GroupedMoeArgs g;
+    g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = T, g.pairs_per_token = 1;
+    g.x = dx->as<float>(), g.D = D, g.inter = F, g.swiglu_limit = 7.0f, g.y = y_sorted->as<float>();
+    ASSERT_TRUE(moe_grouped_ffn(g, MmaPrecision::kBf16, nullptr).is_ok());
+    g.ids_all_zero = true, g.y = y_direct->as<float>();
+    ASSERT_TRUE(moe_grouped_ffn(g, MmaPrecision::kBf16, nullptr).is_ok());
+    auto a = download_vector(y_sorted->as<float>(), size_t(T * D), "y_sorted");
+    auto b = download_vector(y_direct->as<float>(), size_t(T * D), "y_direct");
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    for (float v : *b) ASSERT_TRUE(std::isfinite(v)) << "form " << form;
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * 4), 0) << "form " << form;
+    by_form[form - 1] = std::move(a).value();
+  }
+  // Same operands, summation order only (the bound of MoeGroupedGgml).
+  const double diff = rel_rms(by_form[1].data(), by_form[0].data(), by_form[0].size());
+  std::printf("[moe-grouped-ggml] one expert, ids all zero: rel rms v2 vs v1 %.3e (tol %.0e)\n", diff,
+              kGgmlV2VsV1MaxRelRms);
+  EXPECT_LE(diff, kGgmlV2VsV1MaxRelRms);
+}
+
+// The two forms of the fused kernels launch by launch at the V4 geometry and
+// recipes, on the same inputs: sorted bf16 rows, a tile list with full,
+// partial and one-token tiles, pair_of_slot a random permutation. Both forms
+// multiply the same bf16 operands (the decoders agree bit for bit:
+// MoeGroupedGgmlDecode), so
+//  - down, fed the same activations: only the f32 summation order over 2048
+//    terms differs, a few 1e-7 relative; 1e-4 leaves a wide margin, and a
+//    wrong element, scale, row or token gives errors of order 1;
+//  - up: the gate/up sums differ by summation order (~1e-6 relative), which
+//    flips the bf16 rounding of a fraction ~1e-6 / 2^-8 ~ 3e-4 of the
+//    activations by one ulp (~5.5e-3 relative): rel RMS ~ sqrt(3e-4) * 5.5e-3
+//    ~ 1e-4, bound 1e-3, and at most 1% of the elements may differ at all.
+// The second form must also repeat its bits.
+TEST(MoeGroupedGgmlForms, V2MatchesV1AtV4) {
+  AFF_SKIP_WITHOUT_GPU();
+  const int64_t D = 4096, I = 2048;
+  const std::vector<int> counts = {65, 1, 0, 64, 130, 37};
+  const int E = int(counts.size());
+  struct Recipe {
+    const char* name;
+    GgmlType up, down;
+  };
+  std::mt19937_64 rng(23);
+  // Scales giving elements of magnitude ~0.01-0.05 (see random_block_linear).
+  auto make = [&](GgmlType t, int64_t out, int64_t in, testing::Keep& keep) {
+    if (t == GgmlType::kQ2_K) return random_block_linear(t, out, in, 0.002f, 0.006f, rng, keep);
+    if (t == GgmlType::kQ3_K) return random_block_linear(t, out, in, 0.001f, 0.002f, rng, keep);
+    return random_block_linear(t, out, in, 0.0002f, 0.0006f, rng, keep);
+  };
+  for (const Recipe& r : {Recipe{"Q2_K+Q3_K", GgmlType::kQ2_K, GgmlType::kQ3_K},
+                          Recipe{"IQ2_XXS+Q2_K", GgmlType::kIQ2_XXS, GgmlType::kQ2_K}}) {
+    SCOPED_TRACE(r.name);
+    testing::Keep keep;
+    std::vector<dsv4::ExpertWeights> experts(static_cast<size_t>(E));
+    for (auto& e : experts) e.w1 = make(r.up, I, D, keep), e.w3 = make(r.up, I, D, keep), e.w2 = make(r.down, D, I, keep);
+    DeviceArena arena;
+    size_t bytes = 0;
+    for (const auto& e : experts)
+      bytes += linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2);
+    ASSERT_TRUE(arena.reserve(bytes, "experts").is_ok());
+    std::vector<ExpertSlot> slots;
+    for (const auto& e : experts) {
+      auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
+      ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
+      slots.push_back(ExpertSlot{*w1, *w3, *w2});
+    }
+    const auto lr = moe_ggml_layout(slots.data(), slots.size(), D, I);
+    ASSERT_TRUE(lr.is_ok()) << lr.status().message();
+    const MoeGgmlLayout* layout = &lr.value();
+    ASSERT_TRUE(moe_ggml_v2_takes_up(*layout) && moe_ggml_v2_takes_down(*layout));
+
+    // Tiles of up to 64 sorted rows per expert, as moe_grouped_ffn builds them.
+    std::vector<MoeGgmlTile> tiles;
+    int32_t total = 0;
+    for (int e = 0; e < E; ++e) {
+      for (int t0 = 0; t0 < counts[size_t(e)]; t0 += kMoeGgmlTileTokens) {
+        MoeGgmlTile t;
+        t.w1 = slots[size_t(e)].w1.weight, t.w3 = slots[size_t(e)].w3.weight, t.w2 = slots[size_t(e)].w2.weight;
+        t.row0 = total + t0, t.rows = std::min(kMoeGgmlTileTokens, counts[size_t(e)] - t0);
+        tiles.push_back(t);
+      }
+      total += counts[size_t(e)];
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> x(size_t(total) * size_t(D));
+    for (uint16_t& v : x) v = f32_to_bf16(nd(rng));
+    std::vector<int32_t> pos(static_cast<size_t>(total));
+    std::iota(pos.begin(), pos.end(), 0);
+    std::shuffle(pos.begin(), pos.end(), rng);
+    auto dtiles = upload_vector(tiles, "tiles");
+    auto dx = upload_vector(x, "x");
+    auto dpos = upload_vector(pos, "pair_of_slot");
+    auto act1 = DeviceBuffer::allocate(size_t(total) * size_t(I) * 2, "act v1");
+    auto act2 = DeviceBuffer::allocate(size_t(total) * size_t(I) * 2, "act v2");
+    auto y1 = DeviceBuffer::allocate(size_t(total) * size_t(D) * 4, "y v1");
+    auto y2 = DeviceBuffer::allocate(size_t(total) * size_t(D) * 4, "y v2");
+    ASSERT_TRUE(dtiles.is_ok() && dx.is_ok() && dpos.is_ok() && act1.is_ok() && act2.is_ok() && y1.is_ok() &&
+                y2.is_ok());
+    const int n_tiles = int(tiles.size());
+    const MoeGgmlTile* tl = dtiles->as<MoeGgmlTile>();
+    for (float limit : {0.0f, 10.0f}) {
+      ASSERT_TRUE(moe_ggml_up(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act1->as<uint16_t>(), nullptr).is_ok());
+      ASSERT_TRUE(
+          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act2->as<uint16_t>(), nullptr).is_ok());
+      auto a1 = download_vector(act1->as<uint16_t>(), size_t(total) * size_t(I), "act v1");
+      auto a2 = download_vector(act2->as<uint16_t>(), size_t(total) * size_t(I), "act v2");
+      ASSERT_TRUE(a1.is_ok() && a2.is_ok());
+      std::vector<float> f1(a1->size()), f2(a2->size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < f1.size(); ++i) {
+        f1[i] = bf16_to_f32((*a1)[i]), f2[i] = bf16_to_f32((*a2)[i]);
+        ASSERT_TRUE(std::isfinite(f2[i])) << "act " << i;
+        differ += (*a1)[i] != (*a2)[i];
+      }
+      const double act_err = rel_rms(f2.data(), f1.data(), f1.size());
+      const double act_frac = double(differ) / double(f1.size());
+      // Down on the first form's activations, both forms: summation order only.
+      ASSERT_TRUE(moe_ggml_down(*layout, tl, n_tiles, act1->as<uint16_t>(), dpos->as<int32_t>(), y1->as<float>(),
+                                nullptr)
+                      .is_ok());
+      ASSERT_TRUE(moe_ggml_down_v2(*layout, tl, n_tiles, act1->as<uint16_t>(), dpos->as<int32_t>(),
+                                   y2->as<float>(), nullptr)
+                      .is_ok());
+      auto d1 = download_vector(y1->as<float>(), size_t(total) * size_t(D), "y v1");
+      auto d2 = download_vector(y2->as<float>(), size_t(total) * size_t(D), "y v2");
+      ASSERT_TRUE(d1.is_ok() && d2.is_ok());
+      for (size_t i = 0; i < d2->size(); ++i) ASSERT_TRUE(std::isfinite((*d2)[i])) << "y " << i;
+      const double y_err = rel_rms(d2->data(), d1->data(), d1->size());
+      // Repeatability of the second form, both launches.
+      ASSERT_TRUE(
+          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act2->as<uint16_t>(), nullptr).is_ok());
+      ASSERT_TRUE(moe_ggml_down_v2(*layout, tl, n_tiles, act1->as<uint16_t>(), dpos->as<int32_t>(),
+                                   y2->as<float>(), nullptr)
+                      .is_ok());
+      auto a2b = download_vector(act2->as<uint16_t>(), size_t(total) * size_t(I), "act v2");
+      auto d2b = download_vector(y2->as<float>(), size_t(total) * size_t(D), "y v2");
+      ASSERT_TRUE(a2b.is_ok() && d2b.is_ok());
+      EXPECT_EQ(std::memcmp(a2b->data(), a2->data(), a2->size() * 2), 0) << "up v2 not repeatable";
+      EXPECT_EQ(std::memcmp(d2b->data(), d2->data(), d2->size() * 4), 0) << "down v2 not repeatable";
+      std::printf("[moe-grouped-forms] %-13s limit %4.1f up: act rel rms v2 vs v1 %.3e (tol 1e-03), %.2e of "
+                  "elements differ (tol 1e-02); down: rel rms v2 vs v1 %.3e (tol 1e-04)\n",
+                  r.name, limit, act_err, act_frac, y_err);
+      EXPECT_LE(act_err, 1e-3) << "limit " << limit;
+      EXPECT_LE(act_frac, 1e-2) << "limit " << limit;
+      EXPECT_LE(y_err, 1e-4) << "limit " << limit;
+    }
+  }
+}
+
 // Timing of moe_grouped_ffn at the V4 geometry: 256 experts, 2048 tokens x 6
 // distinct random experts each (one prefill chunk), fused kernels against the
-// per-expert cuBLAS path. Not a correctness test (random bytes with finite
+// per-expert cuBLAS path; the fused kernels in both forms
+// (moe_grouped_set_ggml_kernel). Not a correctness test (random bytes with finite
 // scales; every expert has the same bytes at its own address, so every expert
 // is read from memory); run with --gtest_also_run_disabled_tests. Times are
 // per call and include the counts' read-back, the tile upload, the gather and
@@ -496,6 +781,7 @@ TEST(MoeGroupedBench, DISABLED_Timing) {
   struct FusedGuard {
     ~FusedGuard() { moe_grouped_set_ggml_fused(true); }
   } fused_guard;
+  const int form_before = moe_grouped_ggml_kernel();
   std::mt19937_64 rng(11);
   // Offsets of the f16 scale fields per 256-element block (random bits there
   // would give inf/NaN).
@@ -572,10 +858,12 @@ TEST(MoeGroupedBench, DISABLED_Timing) {
     GroupedMoeArgs g;
     g.slots = slots, g.ids = dids->as<int32_t>(), g.n_pairs = T * k, g.pairs_per_token = k;
     g.x = dx->as<float>(), g.D = D, g.inter = I, g.swiglu_limit = 10.0f, g.y = dy->as<float>();
-    for (int mode = 0; mode < 3; ++mode) {  // 0: fused; 1, 2: per-expert cuBLAS in bf16x3, bf16
-      const bool fused = mode == 0;
-      const MmaPrecision prec = mode == 1 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
+    // 0, 1: fused, first and second form side by side; 2, 3: per-expert cuBLAS in bf16x3, bf16.
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool fused = mode <= 1;
+      const MmaPrecision prec = mode == 2 ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16;
       moe_grouped_set_ggml_fused(fused);
+      moe_grouped_set_ggml_kernel(mode == 1 ? 2 : 1);
       ASSERT_TRUE(moe_grouped_ffn(g, prec, nullptr).is_ok());  // warm-up: scratch, smem limits, cuBLAS
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const int reps = fused ? 10 : 3;
@@ -589,10 +877,15 @@ TEST(MoeGroupedBench, DISABLED_Timing) {
       cudaEventElapsedTime(&ms, e0, e1);
       cudaEventDestroy(e0), cudaEventDestroy(e1);
       moe_grouped_set_ggml_fused(true);
+      moe_grouped_set_ggml_kernel(form_before);
       const double per = double(ms) / reps;
       std::printf("[moe-grouped-bench] %-13s %-24s %2d experts active, %lld pairs: %8.3f ms/call  %6.1f TFLOP/s  "
                   "%7.1f GB/s of weights\n",
-                  r.name, mode == 0 ? "fused" : mode == 1 ? "per-expert cuBLAS bf16x3" : "per-expert cuBLAS bf16",
+                  r.name,
+                  mode == 0   ? "fused v1"
+                  : mode == 1 ? "fused v2"
+                  : mode == 2 ? "per-expert cuBLAS bf16x3"
+                              : "per-expert cuBLAS bf16",
                   active, (long long)(T * k), per, flop / per * 1e-9, weight_bytes / per * 1e-6);
     }
   }

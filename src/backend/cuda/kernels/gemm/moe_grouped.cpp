@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/kernels/gemm/gemm.h"
@@ -25,10 +27,24 @@ namespace aff::cuda {
 
 namespace {
 std::atomic<bool> g_ggml_fused{true};
+
+// The fused kernels' form: the environment's choice, read on first use.
+std::atomic<int>& ggml_kernel_version() {
+  static std::atomic<int> v{[] {
+    const char* e = std::getenv("AFF_CUDA_MOE_PREFILL");
+    return e != nullptr && std::strcmp(e, "v2") == 0 ? 2 : 1;
+  }()};
+  return v;
+}
 }  // namespace
 
 void moe_grouped_set_ggml_fused(bool on) { g_ggml_fused.store(on); }
 bool moe_grouped_ggml_fused() { return g_ggml_fused.load(); }
+
+void moe_grouped_set_ggml_kernel(int version) {
+  if (version == 1 || version == 2) ggml_kernel_version().store(version);
+}
+int moe_grouped_ggml_kernel() { return ggml_kernel_version().load(); }
 
 bool moe_grouped_supports(std::span<const ExpertSlot> slots, MmaPrecision precision) {
   for (const ExpertSlot& s : slots)
@@ -145,7 +161,14 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
     // their rows; the contract gives them zeros (as the scatter did).
     if (total < P) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.y, 0, size_t(P * D) * 4, stream));
     AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
-    AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
+    // Second form where it takes the types (moe_grouped_set_ggml_kernel), per launch.
+    const bool v2 = ggml_kernel_version().load() == 2;
+    if (v2 && moe_ggml_v2_takes_up(*ggml))
+      AFF_RETURN_IF_ERROR(moe_ggml_up_v2(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
+    else
+      AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
+    if (v2 && moe_ggml_v2_takes_down(*ggml))
+      return moe_ggml_down_v2(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
     return moe_ggml_down(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
   }
 

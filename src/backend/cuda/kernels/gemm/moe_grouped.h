@@ -9,7 +9,8 @@
 //  - ggml experts (every matrix kGgml, one type per matrix across the table,
 //    D and inter multiples of 256): two fused launches over (expert, 64
 //    tokens) tiles that decode the weights into shared memory on the fly and
-//    apply the SwiGLU in the first launch's epilogue (moe_grouped_ggml.h).
+//    apply the SwiGLU in the first launch's epilogue (moe_grouped_ggml.h;
+//    two kernel forms, moe_grouped_set_ggml_kernel).
 //    Precision: x and the SwiGLU output are rounded to bf16 once (hi only) in
 //    both MmaPrecision settings; the weights round to bf16 when decoded. The
 //    decode-time kernels for these formats quantise x to int8 per 32, so this
@@ -64,5 +65,14 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
 // benchmark use as a second implementation to compare against.
 void moe_grouped_set_ggml_fused(bool on);
 bool moe_grouped_ggml_fused();
+
+// Process-wide: which form of the fused ggml kernels runs (1: decoded weights
+// through a shared bf16 tile, moe_ggml_up / moe_ggml_down; 2: decoded straight
+// into MMA registers, moe_ggml_up_v2 / moe_ggml_down_v2, for the types that
+// form takes, the first form for the rest). The default is 1, or 2 when the
+// environment variable AFF_CUDA_MOE_PREFILL is "v2" (read once, at the first
+// call of either function); a set call overrides it. Other values are ignored.
+void moe_grouped_set_ggml_kernel(int version);
+int moe_grouped_ggml_kernel();
 
 }  // namespace aff::cuda

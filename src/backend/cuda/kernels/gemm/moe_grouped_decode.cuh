@@ -200,4 +200,73 @@ __host__ __device__ __forceinline__ void iq2xxs_chunk_bf16(const uint8_t* b, int
   }
 }
 
+// ---- Sub-block decoders of the register-operand kernels (moe_grouped_ggml_v2.cu).
+// A lane there takes the 16 elements of one sub-block sb (0..15, elements
+// [16 sb, 16 sb + 16) of the super-block) of a row, half hh (0, 1) at a time:
+// o[i] = elements 16 sb + 8 hh + 2i, 2i + 1, i = 0..3. The values (one
+// table per sub-block, then one prmt per pair) are computed exactly as by the
+// chunk decoders above, so the words equal words 8 (sb & 1) + 4 hh + i of
+// chunk sb / 2 bit for bit (the test holds them to that). The table is
+// computed once per sub-block and kept for both halves.
+
+// Q2_K: table = bf16 values of codes 0, 1 | 2, 3 of sub-block sb.
+__host__ __device__ __forceinline__ uint2 q2k_sub_table(const uint8_t* b, int sb) {
+  const float d = f16_f32(ld_u16(b + 80)), dmin = f16_f32(ld_u16(b + 82));
+  const uint32_t sc = b[sb];
+  const float dl = d * small_f32(sc & 0xfu), ml = dmin * small_f32(sc >> 4);
+  return make_uint2(bf16x2_rn(dl * 0.0f - ml, dl - ml), bf16x2_rn(2.0f * dl - ml, 3.0f * dl - ml));
+}
+__host__ __device__ __forceinline__ void q2k_sub_half(const uint8_t* b, int sb, int hh, uint2 t, uint32_t (&o)[4]) {
+  const uint8_t* qs = b + 16 + (sb >> 3) * 32 + 16 * (sb & 1) + 8 * hh;
+  const int shift = 2 * ((sb & 7) >> 1);
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t s = pick_selector((ld_u32_a4(qs + 4 * i) >> shift) & 0x03030303u);
+    o[2 * i] = prmt(t.x, t.y, s);
+    o[2 * i + 1] = prmt(t.x, t.y, s >> 16);
+  }
+}
+
+// Q3_K: table = bf16 values -4, -3 | -2, -1 | 0, 1 | 2, 3 (times dl) of sub-block sb.
+__host__ __device__ __forceinline__ uint4 q3k_sub_table(const uint8_t* b, int sb) {
+  const float d = f16_f32(ld_u16(b + 108));
+  const uint8_t* sc = b + 96;
+  const uint32_t low4 = sb < 8 ? (sc[sb] & 0x0fu) : (uint32_t(sc[sb - 8]) >> 4);
+  const uint32_t high2 = (uint32_t(sc[8 + (sb & 3)]) >> (2 * (sb >> 2))) & 3u;
+  const float dl = d * (small_f32(low4 | (high2 << 4)) - 32.0f);
+  return make_uint4(bf16x2_rn(-4.0f * dl, -3.0f * dl), bf16x2_rn(-2.0f * dl, -1.0f * dl),
+                    bf16x2_rn(0.0f * dl, dl), bf16x2_rn(2.0f * dl, 3.0f * dl));
+}
+__host__ __device__ __forceinline__ void q3k_sub_half(const uint8_t* b, int sb, int hh, uint4 t, uint32_t (&o)[4]) {
+  const int j = sb >> 1, off = 16 * (sb & 1) + 8 * hh;
+  const uint8_t* qs = b + 32 + (j >> 2) * 32 + off;
+  const int shift = 2 * (j & 3);
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t s = pick_selector((ld_u32_a2(qs + 4 * i) >> shift) & 0x03030303u);
+    const uint32_t hm = ld_u32_a2(b + off + 4 * i) << (7 - j);
+    const uint32_t m01 = prmt(hm, 0u, 0x9988u), m23 = prmt(hm, 0u, 0xbbaau);
+    o[2 * i] = (prmt(t.x, t.y, s) & ~m01) | (prmt(t.z, t.w, s) & m01);
+    o[2 * i + 1] = (prmt(t.x, t.y, s >> 16) & ~m23) | (prmt(t.z, t.w, s >> 16) & m23);
+  }
+}
+
+// IQ2_XXS: table = bf16 magnitudes 8, 25 | 43, 0 (times db) of the 32 elements
+// holding sub-block sb; half hh is grid entry l = 2 (sb & 1) + hh of them.
+__host__ __device__ __forceinline__ uint2 iq2xxs_sub_table(const uint8_t* b, int sb) {
+  const float d = f16_f32(ld_u16(b));
+  const uint32_t sign_scale = ld_u32_a2(b + 2 + 8 * (sb >> 1) + 4);
+  const float db = d * (0.5f + small_f32(sign_scale >> 28)) * 0.25f;
+  return make_uint2(bf16x2_rn(db * 8.0f, db * 25.0f), bf16x2_rn(db * 43.0f, 0.0f));
+}
+__host__ __device__ __forceinline__ void iq2xxs_sub_half(const uint8_t* b, int sb, int hh, uint2 t, const uint2* sel,
+                                                         const uint4* sign, uint32_t (&o)[4]) {
+  const uint8_t* q = b + 2 + 8 * (sb >> 1);
+  const int l = 2 * (sb & 1) + hh;
+  const uint2 s = sel[(ld_u32_a2(q) >> (8 * l)) & 0xffu];
+  const uint4 m = sign[(ld_u32_a2(q + 4) >> (7 * l)) & 127u];
+  o[0] = prmt(t.x, t.y, s.x) ^ m.x;
+  o[1] = prmt(t.x, t.y, s.x >> 16) ^ m.y;
+  o[2] = prmt(t.x, t.y, s.y) ^ m.z;
+  o[3] = prmt(t.x, t.y, s.y >> 16) ^ m.w;
+}
+
 }  // namespace aff::cuda::moe_grouped

@@ -73,4 +73,23 @@ Status moe_ggml_up(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles
 Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
                      const int32_t* pair_of_slot, float* y, cudaStream_t stream);
 
+// Second form of the same two launches (moe_grouped_ggml_v2.cu): each warp
+// decodes its own weight rows from the staged ggml bytes straight into the
+// MMA's A registers (no decoded tile in shared memory, no barrier between
+// decode and MMA). Same operands, contracts and output layout as moe_ggml_up
+// / moe_ggml_down; the decoded bf16 weights are bit-identical, so the results
+// differ from the first form's only by the f32 summation order. Q2_K, Q3_K
+// and IQ2_XXS only: takes_up needs w1 and w3 of one such type (and row size),
+// takes_down w2 of one; the caller keeps the first form otherwise.
+bool moe_ggml_v2_takes_up(const MoeGgmlLayout& l);
+bool moe_ggml_v2_takes_down(const MoeGgmlLayout& l);
+// Shapes as moe_ggml_up: tiles device [n_tiles]; x device [total, D] bf16
+// bits; act device [total, inter] bf16 bits.
+Status moe_ggml_up_v2(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* x,
+                      float swiglu_limit, uint16_t* act, cudaStream_t stream);
+// Shapes as moe_ggml_down: act device [total, inter] bf16 bits; pair_of_slot
+// device [total]; y device [n_pairs, D] f32.
+Status moe_ggml_down_v2(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,
+                        const int32_t* pair_of_slot, float* y, cudaStream_t stream);
+
 }  // namespace aff::cuda
