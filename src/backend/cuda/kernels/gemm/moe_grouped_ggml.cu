@@ -103,17 +103,10 @@ struct GemmParams {
   const int32_t* pair_of_slot = nullptr;  // down: [total] pair of each sorted row
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// One arrival on bar without bytes (a row that does not exist).
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(moe_fast::smem_u32(bar)) : "memory");
-}
+using moe_fast::cp_async16;
+using moe_fast::cp_async_commit;
+using moe_fast::cp_async_wait_all;
+using moe_fast::mbar_arrive;
 
 // Four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
