@@ -50,6 +50,7 @@
 #include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/gemm/moe_grouped_decode.cuh"
+#include "backend/cuda/kernels/gemm/moe_grouped_stage.cuh"
 #include "backend/cuda/kernels/moe/moe_fast.cuh"
 #include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -71,13 +72,9 @@ constexpr int kXBytes = kM * kStepK * 2;
 constexpr int kMaxSlotUnits = 19;          // Q8_0: 272 bytes per 256 columns (+ up to 15 of misalignment)
 static_assert(kUnits == 16 && kThreads == 256 && kM == 64, "index math below assumes these sizes");
 
-// 16-byte units of one row's staged window of a super-block of sb bytes: the
-// window may start up to 15 bytes before the bytes. Odd, so the eight rows a
-// warp's decode reads at once start in eight different bank groups.
-int slot_units(int64_t sb_bytes) { return int((sb_bytes + 30) / 16) | 1; }
-
-// IQ2_XXS's per-block tables (moe_grouped_decode.cuh): 256 selector pairs, 128 sign masks.
-constexpr int kIq2TableBytes = 256 * 8 + 128 * 16;
+using moe_grouped::kIq2TableBytes;
+using moe_grouped::sb_bytes;
+using moe_grouped::slot_units;
 
 // Weight tile | activation tile | two raw stages | two mbarriers | (IQ2_XXS) tables.
 int smem_bytes(int units, bool iq2_tables) {
@@ -127,7 +124,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-constexpr int kQ2K = int(GgmlType::kQ2_K), kQ3K = int(GgmlType::kQ3_K), kIQ2XXS = int(GgmlType::kIQ2_XXS);
+using moe_grouped::kIQ2XXS;
+using moe_grouped::kQ2K;
+using moe_grouped::kQ3K;
 
 // 32 elements of chunk `chunk` (0..7) of the super-block at b (shared memory)
 // as 16 bf16x2 words. Q2_K, Q3_K and IQ2_XXS (the V4 recipes) take the
@@ -220,11 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_ggml_gemm_sm90(const GemmPara
     moe_fast::mbar_init(bars + 1, kRows);
     moe_fast::mbar_init_fence();
   }
-  if constexpr (kType == kIQ2XXS) {
-    const GgmlTables* tab = reinterpret_cast<const GgmlTables*>(p.tables);
-    iq2_sel[tid] = moe_grouped::iq2xxs_selectors(tab->iq2xxs_grid[tid]);  // kThreads == 256 entries
-    if (tid < 128) iq2_sign[tid] = moe_grouped::iq2xxs_sign_masks(tab->signs_iq2xs[tid]);
-  }
+  if constexpr (kType == kIQ2XXS) moe_grouped::stage_iq2_tables(p.tables, tid, iq2_sel, iq2_sign);  // kThreads == 256
   __syncthreads();
   if (tid < kRows) {
     issue_raw(0, tid);
@@ -349,12 +344,6 @@ bool decodable(int32_t type) {
     case GgmlType::kIQ1_M: return true;
     default: return false;
   }
-}
-
-// Bytes per 256 columns of w (0: not a whole number).
-int64_t sb_bytes(const DeviceLinear& w) {
-  const int64_t n = w.in / 256;
-  return n > 0 && w.row_bytes % n == 0 ? w.row_bytes / n : 0;
 }
 
 using Kernel = void (*)(GemmParams);

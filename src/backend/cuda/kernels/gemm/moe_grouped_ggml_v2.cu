@@ -80,6 +80,7 @@
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/gemm/moe_grouped_decode.cuh"
 #include "backend/cuda/kernels/gemm/moe_grouped_ggml.h"
+#include "backend/cuda/kernels/gemm/moe_grouped_stage.cuh"
 #include "backend/cuda/kernels/moe/moe_fast.cuh"
 #include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -103,15 +104,14 @@ constexpr int kOutRows = kUp ? kStaged / 2 : kStaged;
 constexpr int kStepK = 128;             // columns per step: half a super-block
 constexpr int kXPitch = kStepK + 8;     // bf16 per staged token row (272 bytes: 17 units)
 constexpr int kXStage = kM * kXPitch;   // bf16 per activation stage
-constexpr int kIq2TableBytes = 256 * 8 + 128 * 16;
+using moe_grouped::kIq2TableBytes;
 static_assert(kThreads == 2 * kStaged && kM == 64 && kStepK == 128, "index math below assumes these sizes");
 
-constexpr int kQ2K = int(GgmlType::kQ2_K), kQ3K = int(GgmlType::kQ3_K), kIQ2XXS = int(GgmlType::kIQ2_XXS);
-
-// 16-byte units of one row's staged window of a super-block of sb bytes (the
-// window may start up to 15 bytes before the bytes). Odd, so the eight rows g
-// of a warp's lanes start in eight different bank groups.
-int slot_units(int64_t sb_bytes) { return int((sb_bytes + 30) / 16) | 1; }
+using moe_grouped::kIQ2XXS;
+using moe_grouped::kQ2K;
+using moe_grouped::kQ3K;
+using moe_grouped::sb_bytes;
+using moe_grouped::slot_units;
 
 // Activation stages | raw stages | two mbarriers | (IQ2_XXS) tables.
 int smem_bytes(int units, bool iq2_tables) {
@@ -241,11 +241,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_ggml_v2_sm90(const V
     moe_fast::mbar_init(bars + 1, kStaged);
     moe_fast::mbar_init_fence();
   }
-  if constexpr (kType == kIQ2XXS) {
-    const GgmlTables* tab = reinterpret_cast<const GgmlTables*>(p.tables);
-    iq2_sel[tid] = moe_grouped::iq2xxs_selectors(tab->iq2xxs_grid[tid]);  // kThreads == 256 entries
-    if (tid < 128) iq2_sign[tid] = moe_grouped::iq2xxs_sign_masks(tab->signs_iq2xs[tid]);
-  }
+  if constexpr (kType == kIQ2XXS) moe_grouped::stage_iq2_tables(p.tables, tid, iq2_sel, iq2_sign);  // kThreads == 256
   __syncthreads();  // barriers initialised before any copy counts on them
   if (tid < kStaged) issue_raw(0);
   issue_x(0);
@@ -351,12 +347,6 @@ Kernel pick(int32_t type) {
     case kQ3K: return moe_ggml_v2_sm90<kQ3K, kUp>;
     default: return moe_ggml_v2_sm90<kIQ2XXS, kUp>;
   }
-}
-
-// Bytes per 256 columns of w (0: not a whole number).
-int64_t sb_bytes(const DeviceLinear& w) {
-  const int64_t n = w.in / 256;
-  return n > 0 && w.row_bytes % n == 0 ? w.row_bytes / n : 0;
 }
 
 Status launch(Kernel k, int32_t type, const V2Params& p, const char* name, cudaStream_t stream) {
