@@ -23,8 +23,9 @@
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
-#include "random_weights.h"
 #include "gpu_test_util.h"
+#include "random_weights.h"
+#include "upload_experts.h"
 
 namespace aff::cuda {
 namespace {
@@ -71,28 +72,8 @@ std::vector<float> ref_expert(const dsv4::ExpertWeights& e, const float* x) {
   return ref_gemv(e.w2, g.data());
 }
 
-struct Uploaded {
-  DeviceArena arena;
-  std::vector<ExpertSlot> host;
-  DeviceBuffer table;
-};
-
-void upload_experts(const std::vector<dsv4::ExpertWeights>& ex, Uploaded& u) {
-  size_t bytes = 0;
-  for (const auto& e : ex) bytes += linear_device_bytes(e.w1) + linear_device_bytes(e.w2) + linear_device_bytes(e.w3);
-  ASSERT_TRUE(u.arena.reserve(bytes, "experts").is_ok());
-  for (const auto& e : ex) {
-    ExpertSlot s;
-    auto w1 = upload_linear(e.w1, u.arena), w3 = upload_linear(e.w3, u.arena), w2 = upload_linear(e.w2, u.arena);
-    ASSERT_TRUE(w1.is_ok() && w2.is_ok() && w3.is_ok());
-    s.w1 = *w1, s.w3 = *w3, s.w2 = *w2;
-    u.host.push_back(s);
-  }
-  auto t = DeviceBuffer::allocate(u.host.size() * sizeof(ExpertSlot), "slots");
-  ASSERT_TRUE(t.is_ok());
-  u.table = std::move(t).value();
-  ASSERT_TRUE(copy_to_device(u.table.data(), u.host.data(), u.host.size() * sizeof(ExpertSlot), "slots").is_ok());
-}
+using testing::upload_experts;
+using Uploaded = testing::UploadedExperts;
 
 DevFormat dev_format(const Fmt& f) {
   switch (f.format) {

@@ -41,6 +41,7 @@
 #include "quant/ggml_grids.h"
 #include "quant/type_traits.h"
 #include "random_weights.h"
+#include "upload_experts.h"
 
 namespace aff::cuda {
 namespace {
@@ -407,17 +408,10 @@ TEST_P(MoeGroupedGgml, MatchesReferenceAndRepeatsBits) {
                                 : random_block_linear(t, out, in, 0.001f, 0.002f, rng, keep);
   };
   for (auto& e : experts) e.w1 = make(c.w1, I, D), e.w3 = make(c.w3, I, D), e.w2 = make(c.w2, D, I);
-  DeviceArena arena;
-  size_t bytes = 0;
-  for (const auto& e : experts)
-    bytes += linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2);
-  ASSERT_TRUE(arena.reserve(bytes, "experts").is_ok());
-  std::vector<ExpertSlot> slots;
-  for (const auto& e : experts) {
-    auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
-    ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
-    slots.push_back(ExpertSlot{*w1, *w3, *w2});
-  }
+  testing::UploadedExperts uploaded;
+  testing::upload_experts(experts, uploaded);
+  if (HasFatalFailure()) return;
+  const std::vector<ExpertSlot>& slots = uploaded.host;
   // The table must take the fused kernels, or this test would check the other path.
   const auto layout = moe_ggml_layout(slots.data(), slots.size(), D, I);
   ASSERT_TRUE(layout.is_ok()) << layout.status().message();
@@ -583,13 +577,10 @@ TEST(MoeGroupedGgmlIdentity, OneExpertMatchesSortedRouteBothForms) {
   e.w1 = testing::random_ggml_linear(GgmlType::kQ2_K, F, D, rng, keep);
   e.w3 = testing::random_ggml_linear(GgmlType::kQ2_K, F, D, rng, keep);
   e.w2 = testing::random_ggml_linear(GgmlType::kQ3_K, D, F, rng, keep);
-  DeviceArena arena;
-  ASSERT_TRUE(
-      arena.reserve(linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2), "expert")
-          .is_ok());
-  auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
-  ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
-  std::vector<ExpertSlot> slots = {ExpertSlot{*w1, *w3, *w2}};
+  testing::UploadedExperts uploaded;
+  testing::upload_experts({e}, uploaded);
+  if (HasFatalFailure()) return;
+  const std::vector<ExpertSlot>& slots = uploaded.host;
   ASSERT_TRUE(moe_ggml_layout(slots.data(), slots.size(), D, F).is_ok());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(size_t(T * D));
@@ -664,17 +655,10 @@ TEST(MoeGroupedGgmlForms, V2MatchesV1AtV4) {
     testing::Keep keep;
     std::vector<dsv4::ExpertWeights> experts(static_cast<size_t>(E));
     for (auto& e : experts) e.w1 = make(r.up, I, D, keep), e.w3 = make(r.up, I, D, keep), e.w2 = make(r.down, D, I, keep);
-    DeviceArena arena;
-    size_t bytes = 0;
-    for (const auto& e : experts)
-      bytes += linear_device_bytes(e.w1) + linear_device_bytes(e.w3) + linear_device_bytes(e.w2);
-    ASSERT_TRUE(arena.reserve(bytes, "experts").is_ok());
-    std::vector<ExpertSlot> slots;
-    for (const auto& e : experts) {
-      auto w1 = upload_linear(e.w1, arena), w3 = upload_linear(e.w3, arena), w2 = upload_linear(e.w2, arena);
-      ASSERT_TRUE(w1.is_ok() && w3.is_ok() && w2.is_ok());
-      slots.push_back(ExpertSlot{*w1, *w3, *w2});
-    }
+    testing::UploadedExperts uploaded;
+    testing::upload_experts(experts, uploaded);
+    if (HasFatalFailure()) return;
+    const std::vector<ExpertSlot>& slots = uploaded.host;
     const auto lr = moe_ggml_layout(slots.data(), slots.size(), D, I);
     ASSERT_TRUE(lr.is_ok()) << lr.status().message();
     const MoeGgmlLayout* layout = &lr.value();
