@@ -48,6 +48,15 @@ HostFp8 random_fp8(int64_t out, int64_t in, std::mt19937_64& rng) {
   return h;
 }
 
+// h's weight on the device: codes in dw, scales in ds.
+DeviceLinear fp8_linear(const HostFp8& h, const DeviceBuffer& dw, const DeviceBuffer& ds) {
+  DeviceLinear w;
+  w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
+  w.out = h.out, w.in = h.in, w.scale_cols = h.scale_cols;
+  w.weight = dw.as<uint8_t>(), w.scale = ds.as<uint8_t>();
+  return w;
+}
+
 std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(n));
@@ -107,10 +116,7 @@ TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
   auto dx = upload_vector(x, "x");
   auto dy = DeviceBuffer::allocate(size_t(sh.T * n) * 4, "y");
   ASSERT_TRUE(dw.is_ok() && ds.is_ok() && dx.is_ok() && dy.is_ok());
-  DeviceLinear w;
-  w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
-  w.out = sh.out, w.in = sh.in, w.scale_cols = h.scale_cols;
-  w.weight = dw->as<uint8_t>(), w.scale = ds->as<uint8_t>();
+  const DeviceLinear w = fp8_linear(h, *dw, *ds);
   ASSERT_TRUE(gemv_mma_supports(w, sh.row_begin, (sh.out + 15) / 16 * 16));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
   // Through the public GEMV entry, which must route FP8 here.
@@ -187,10 +193,7 @@ TEST(GemvFp8MmaGrouped, EachGroupReadsItsOwnSlice) {
   auto dx = upload_vector(x, "x");
   auto dy = DeviceBuffer::allocate(size_t(T * G * R) * 4, "y");
   ASSERT_TRUE(dw.is_ok() && ds.is_ok() && dx.is_ok() && dy.is_ok());
-  DeviceLinear w;
-  w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
-  w.out = G * R, w.in = in, w.scale_cols = h.scale_cols;
-  w.weight = dw->as<uint8_t>(), w.scale = ds->as<uint8_t>();
+  const DeviceLinear w = fp8_linear(h, *dw, *ds);
   set_mma_precision(MmaPrecision::kBf16x3);
   ASSERT_TRUE(gemv_mma(w, 0, G * R, dx->as<float>(), G * in, T, dy->as<float>(), G * R, R, in, nullptr).is_ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -233,14 +236,7 @@ TEST_P(GemvFp8MmaPair, EachWeightWritesItsOwnProduct) {
   auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
   auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
   ASSERT_TRUE(dw1.is_ok() && ds1.is_ok() && dw2.is_ok() && ds2.is_ok() && dx.is_ok() && dy1.is_ok() && dy2.is_ok());
-  auto linear = [](const HostFp8& h, const DeviceBuffer& dw, const DeviceBuffer& ds) {
-    DeviceLinear w;
-    w.format = DevFormat::kFP8Block, w.scale_type = DevScale::kE8M0, w.block = 128;
-    w.out = h.out, w.in = h.in, w.scale_cols = h.scale_cols;
-    w.weight = dw.as<uint8_t>(), w.scale = ds.as<uint8_t>();
-    return w;
-  };
-  const DeviceLinear w1 = linear(h1, *dw1, *ds1), w2 = linear(h2, *dw2, *ds2);
+  const DeviceLinear w1 = fp8_linear(h1, *dw1, *ds1), w2 = fp8_linear(h2, *dw2, *ds2);
   ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
   ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr)
