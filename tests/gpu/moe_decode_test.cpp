@@ -291,14 +291,7 @@ TEST_P(MoeDecodeFastTest, MatchesReferenceAndRepeatsBits) {
     auto act = DeviceBuffer::allocate(size_t(moe_decode_act_bytes(a)), "act");
     ASSERT_TRUE(act.is_ok());
     a.act = act->as<float>();
-    // The streaming kernels serve every T they are written for here, also
-    // above the default cap (kMoeFastMaxTokens), so the cap can be raised on
-    // the strength of this test.
-    struct CapGuard {
-      int64_t saved = moe_fast_max_tokens();
-      CapGuard() { moe_fast_set_max_tokens(kMoeFastTokenLimit); }
-      ~CapGuard() { moe_fast_set_max_tokens(saved); }
-    } cap;
+    // The streaming kernels serve every T of these cases (T <= kMoeFastMaxTokens).
     ASSERT_TRUE(moe_fast_supported(a)) << "the streaming kernels must take this layout (T=" << T << ")";
     for (bool exact : c.exact) {
       set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
@@ -405,9 +398,7 @@ TEST(MoeDecodeFastBench, DISABLED_Timing) {
     ASSERT_TRUE(dslots.is_ok());
     const double up_routed = 2.0 * double(I * (D / 256) * r.bb_up), down_routed = double(D * (I / 256) * r.bb_down);
     const double up_shared = 2.0 * double(I * D), down_shared = double(D * I);
-    const int64_t saved_cap = moe_fast_max_tokens();
-    moe_fast_set_max_tokens(kMoeFastTokenLimit);
-    for (int64_t T : {int64_t(1), int64_t(2), kMoeFastTokenLimit}) {
+    for (int64_t T : {int64_t(1), int64_t(2), kMoeFastMaxTokens}) {
       for (int mode = 0; mode < 3; ++mode) {  // 0: routed + shared, 1: routed only, 2: shared only
         MoeDecodeArgs a;
         a.slots = dslots->as<ExpertSlot>(), a.route_w = drw->as<float>(), a.k = mode == 2 ? 0 : k;
@@ -453,7 +444,6 @@ TEST(MoeDecodeFastBench, DISABLED_Timing) {
         set_mma_precision(MmaPrecision::kBf16x3);
       }
     }
-    moe_fast_set_max_tokens(saved_cap);
   }
 }
 

@@ -736,15 +736,8 @@ Status allow_smem(const void* kernel) { return raise_smem_limit(kernel, int(kSme
 
 }  // namespace
 
-namespace {
-int64_t g_max_tokens = kMoeFastMaxTokens;
-}
-
-int64_t moe_fast_max_tokens() { return g_max_tokens; }
-void moe_fast_set_max_tokens(int64_t t) { g_max_tokens = std::clamp<int64_t>(t, 1, kMoeFastTokenLimit); }
-
 bool moe_fast_supported(const MoeDecodeArgs& m) {
-  if (m.T < 1 || m.T > g_max_tokens) return false;
+  if (m.T < 1 || m.T > kMoeFastMaxTokens) return false;
   if (m.D % 256 != 0 || m.inter % 256 != 0 || m.D > 4096 || m.inter > 4096) return false;
   if (m.k == 0 && !m.shared_slot) return false;
   if (m.k > 0 && m.routed_format != DevFormat::kGgml) return false;

@@ -14,12 +14,8 @@
 namespace aff::cuda {
 
 // Most tokens the streaming kernels take (the decode step and up to 7 draft
-// tokens). moe_fast_set_max_tokens lowers it, e.g. to compare with the
-// general kernels; the tests raise it back to kMoeFastTokenLimit.
+// tokens); every T up to it passed the GPU tests.
 constexpr int64_t kMoeFastMaxTokens = 8;
-constexpr int64_t kMoeFastTokenLimit = 8;  // what the kernels are written for
-int64_t moe_fast_max_tokens();
-void moe_fast_set_max_tokens(int64_t t);  // clamped to [1, kMoeFastTokenLimit]
 
 bool moe_fast_supported(const MoeDecodeArgs& m);
 Status moe_fast_up(const MoeDecodeArgs& m, cudaStream_t stream);
