@@ -23,7 +23,7 @@ struct EngineOptions {
   std::string tokenizer_path;   // empty = <model dir>/tokenizer.json
   int threads = 0;              // OpenMP threads; 0 = leave the runtime's default (all cores)
   int64_t ctx_size = 0;         // positions a session may hold; 0 = model maximum, capped
-  int prefill_chunk_size = 0;   // tokens per forward call in eval(); 0 = whole input at once
+  int prefill_chunk_size = 0;   // CPU: tokens per forward call in eval(); 0 = whole input at once
   int max_layers = -1;          // debug: run only the first N layers; -1 = all
   bool no_routed_experts = false;  // debug: shared expert only
   // Where the forward pass runs: "auto" (the GPU when this build has CUDA and
@@ -31,6 +31,7 @@ struct EngineOptions {
   std::string gpu = "auto";
   int64_t kv_size = 1048576;    // GPU: positions of KV address space per session
   int64_t kv_commit = 8192;     // GPU: positions backed when a session starts (grows on demand)
+  int64_t gpu_chunk = 4096;     // GPU: most tokens per forward call (sizes each session's workspace)
 };
 
 struct ModelInfo {

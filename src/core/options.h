@@ -47,6 +47,7 @@ struct Options {
   std::string gpu;              // auto | on | off
   int64_t kv_size;              // GPU KV address space per session, positions
   int64_t kv_commit;            // GPU KV positions backed at session start
+  int64_t gpu_chunk;            // GPU: most tokens per forward call
   // Diagnostics
   bool dump_tokens;
   std::vector<int32_t> force_tokens;

@@ -165,6 +165,7 @@ Result<std::unique_ptr<runtime::GpuModel>> choose_gpu(const EngineOptions& opts,
   runtime::GpuBackendOptions go;
   go.kv_size = opts.kv_size;
   go.kv_commit = opts.kv_commit;
+  go.max_chunk = opts.gpu_chunk;
   if (opts.gpu == "auto" && !runtime::gpu_backend_built()) return std::unique_ptr<runtime::GpuModel>();
   auto gpu = runtime::load_gpu_model(model, go);
   if (gpu.is_ok()) return std::move(gpu).value();

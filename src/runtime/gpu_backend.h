@@ -34,7 +34,7 @@ class GpuTimeline {
 struct GpuBackendOptions {
   int64_t kv_size = 1048576;  // positions of KV address space per session
   int64_t kv_commit = 8192;   // positions backed when a session starts
-  int64_t max_chunk = 256;    // tokens per forward call (bounds the workspace)
+  int64_t max_chunk = 4096;   // tokens per forward call (bounds the workspace)
 };
 
 class GpuModel {

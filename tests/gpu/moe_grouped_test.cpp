@@ -696,7 +696,7 @@ TEST(MoeGroupedGgmlForms, V2MatchesV1AtV4) {
     for (float limit : {0.0f, 10.0f}) {
       ASSERT_TRUE(moe_ggml_up(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act1->as<uint16_t>(), nullptr).is_ok());
       ASSERT_TRUE(
-          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act2->as<uint16_t>(), nullptr).is_ok());
+          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), nullptr, 1, limit, act2->as<uint16_t>(), nullptr).is_ok());
       auto a1 = download_vector(act1->as<uint16_t>(), size_t(total) * size_t(I), "act v1");
       auto a2 = download_vector(act2->as<uint16_t>(), size_t(total) * size_t(I), "act v2");
       ASSERT_TRUE(a1.is_ok() && a2.is_ok());
@@ -723,7 +723,7 @@ TEST(MoeGroupedGgmlForms, V2MatchesV1AtV4) {
       const double y_err = rel_rms(d2->data(), d1->data(), d1->size());
       // Repeatability of the second form, both launches.
       ASSERT_TRUE(
-          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), limit, act2->as<uint16_t>(), nullptr).is_ok());
+          moe_ggml_up_v2(*layout, tl, n_tiles, dx->as<uint16_t>(), nullptr, 1, limit, act2->as<uint16_t>(), nullptr).is_ok());
       ASSERT_TRUE(moe_ggml_down_v2(*layout, tl, n_tiles, act1->as<uint16_t>(), dpos->as<int32_t>(),
                                    y2->as<float>(), nullptr)
                       .is_ok());

@@ -49,7 +49,7 @@ constexpr Flag kFlags[] = {
                       "prefill (run the prompt); default synthetic"},
     {"--decode-steps", "N", "tokens decoded per run; default 16"},
     {"--runs", "N", "runs per measurement (the median is reported); default 3"},
-    {"--chunk", "N", "prefill tokens per forward call (the state's chunk); default 256"},
+    {"--chunk", "N", "prefill tokens per forward call (the state's chunk); default 4096, as affinity's --gpu-chunk"},
     {"--kv-size", "N", "positions of KV address space; default 1048576"},
     {"--kv-commit", "N", "positions of KV backed at start (grows on demand); default 8192"},
     {"--max-seconds", "S", "skip measurements that would start after S seconds; default 0 = no limit"},
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
 #endif
   std::string experts = "q2", expert_types, dense = "fp8", json_path, fill = "synthetic";
   std::vector<int64_t> prefill = {1024, 8192, 32768}, contexts = {0, 4096, 32768};
-  int64_t layers = 43, pool = 0, steps = 16, runs = 3, chunk = 256, kv_size = 1048576, kv_commit = 8192, seed = 1;
+  int64_t layers = 43, pool = 0, steps = 16, runs = 3, chunk = 4096, kv_size = 1048576, kv_commit = 8192, seed = 1;
   double max_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

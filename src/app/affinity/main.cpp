@@ -305,6 +305,7 @@ int run(int argc, char** argv) {
   eo.gpu = o.gpu;
   eo.kv_size = o.kv_size;
   eo.kv_commit = o.kv_commit;
+  eo.gpu_chunk = o.gpu_chunk;
   aff::cpu::set_cpu_lane_enabled(o.cpu_lane != 0);
   const auto t_load = Clock::now();
   auto engine = aff::Engine::load(eo);

@@ -1,10 +1,12 @@
 #include "backend/cuda/cuda_layers.h"
 
 #include <cmath>
+#include <optional>
 #include <span>
 
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/compressor/compressor.h"
+#include "backend/cuda/kernels/gemm/gemm.h"
 #include "backend/cuda/kernels/gemm/moe_grouped.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
@@ -186,6 +188,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   float* qr = ws.qr.as<float>();
   float* q = ws.q.as<float>();
   float* kv = ws.kv.as<float>();
+  // x feeds wq_a, wkv and the compressors' and indexer's projections: the
+  // prefill GEMMs round it to bf16 once (never set up for decode sizes, whose
+  // step is captured: the GEMM context is created outside capture).
+  std::optional<GemmSharedInput> shared_x;
+  if (linear_uses_gemm(w.wq_a, T)) shared_x.emplace(x, c.hidden_size, T, c.hidden_size, s);
   // wq_a and wkv both read x: at decode sizes one launch serves both (a
   // launch's fixed cost is most of a small projection's time).
   const bool paired = !linear_uses_gemm(w.wq_a, T) && !linear_uses_gemm(w.wkv, T) &&
@@ -262,9 +269,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     // Decode: all groups in one launch (group g's rows read o's slice g).
     AFF_RETURN_IF_ERROR(gemv_mma(w.wo_a, 0, G * R, o, int64_t(H) * Dh, T, u, G * R, R, group_in, s));
   } else {
-    for (int g = 0; g < G; ++g)
-      AFF_RETURN_IF_ERROR(linear_rows(w.wo_a, g * R, (g + 1) * R, o + g * group_in, int64_t(H) * Dh, T,
-                                        u + g * R, G * R, s));
+    AFF_RETURN_IF_ERROR(linear_grouped(w.wo_a, G, R, o, int64_t(H) * Dh, T, u, G * R, s));
   }
   prof_mark(s, "attn.wo_a");
   AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
@@ -280,6 +285,9 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   cudaStream_t s = st.stream.get();
   const int k = c.n_experts_per_tok;
   const float limit = float(c.swiglu_limit);
+  // The router gate and the shared expert read x: one bf16 split for both (prefill).
+  std::optional<GemmSharedInput> shared_x;
+  if (linear_uses_gemm(w.gate, T)) shared_x.emplace(x, c.hidden_size, T, c.hidden_size, s);
   if (!no_routed) {
     AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
     RouterArgs r;

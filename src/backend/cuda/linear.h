@@ -24,6 +24,12 @@ bool linear_uses_gemm(const DeviceLinear& w, int64_t T);
 Status linear_rows(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
                    int64_t T, float* y, int64_t ldy, cudaStream_t stream);
 
+// Grouped rows: group g's rows [g*R, (g+1)*R) of W read x's columns
+// [g*w.in, (g+1)*w.in): x: [T, G*w.in] at stride ldx, y: [T, G*R] at stride
+// ldy, w.out = G*R. The GEMM path runs all groups as one batched multiply.
+Status linear_grouped(const DeviceLinear& w, int G, int64_t R, const float* x, int64_t ldx, int64_t T, float* y,
+                      int64_t ldy, cudaStream_t stream);
+
 // y: [T, w.out] = x: [T, w.in] times W^T.
 inline Status linear(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {
   return linear_rows(w, 0, w.out, x, w.in, T, y, w.out, stream);

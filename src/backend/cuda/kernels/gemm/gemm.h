@@ -33,6 +33,23 @@ Status dequant_rows_bf16(const DeviceLinear& w, int64_t row_begin, int64_t n_row
 Status split_rows_bf16(const float* x, int64_t ldx, int64_t T, int64_t in, uint16_t* hi, uint16_t* lo,
                        cudaStream_t stream);
 
+// While one lives, the prefill GEMMs on its stream whose activations are
+// exactly its (x, ldx, T, in) round x to bf16 once instead of once per call:
+// a layer's projections that read one input (wq_a, wkv, the compressors' and
+// the indexer's; the router gate and the shared expert) share one split. x
+// must not be written while it lives; one per stream at a time (a second
+// replaces the first). Construction and destruction only record; nothing runs.
+class GemmSharedInput {
+ public:
+  GemmSharedInput(const float* x, int64_t ldx, int64_t T, int64_t in, cudaStream_t stream);
+  ~GemmSharedInput();
+  GemmSharedInput(const GemmSharedInput&) = delete;
+  GemmSharedInput& operator=(const GemmSharedInput&) = delete;
+
+ private:
+  cudaStream_t stream_;
+};
+
 // Same contract as gemv_rows_f32 (gemv/gemv.h): y rows [row_begin, row_end)
 // of W x for T rows of x (stride ldx) into y (stride ldy). Scratch (decoded
 // weight tiles, bf16 activations, the cuBLAS handle) belongs to the stream
@@ -40,5 +57,12 @@ Status split_rows_bf16(const float* x, int64_t ldx, int64_t T, int64_t in, uint1
 // call it inside a captured graph.
 Status gemm_rows_bf16(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx,
                       int64_t T, float* y, int64_t ldy, MmaPrecision precision, cudaStream_t stream);
+
+// Grouped rows: for g in [0, G), y[:, g*R .. (g+1)*R) = x[:, g*group_in ..
+// (g+1)*group_in) times rows [g*R, (g+1)*R) of W^T; W: [G*R, group_in], x:
+// [T, G*group_in] at stride ldx, y: [T, G*R] at stride ldy. One split of x,
+// one decode of W and one batched multiply (per hi/lo) instead of G of each.
+Status gemm_grouped_rows_bf16(const DeviceLinear& w, int G, int64_t R, const float* x, int64_t ldx, int64_t T,
+                              float* y, int64_t ldy, MmaPrecision precision, cudaStream_t stream);
 
 }  // namespace aff::cuda

@@ -25,13 +25,23 @@ enum GemmBuf : int {
   kBufActHi,    // bf16 [pairs, inter]
   kBufActLo,    // bf16 [pairs, inter]
   kBufY,        // f32 [pairs, D] expert outputs in sorted order
+  kBufSharedHi, // bf16 split of the live GemmSharedInput (hi)
+  kBufSharedLo, // bf16 split of the live GemmSharedInput (lo)
   kBufCount,
+};
+
+// The input declared by a live GemmSharedInput and whether its split is made.
+struct SharedInputState {
+  const float* x = nullptr;  // null: none declared
+  int64_t ldx = 0, T = 0, in = 0;
+  bool has_hi = false, has_lo = false;
 };
 
 struct GemmContext {
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace;
   std::array<DeviceBuffer, kBufCount> buf;
+  SharedInputState shared;
   std::mutex mu;  // one call at a time per stream
 };
 
@@ -40,6 +50,13 @@ Result<GemmContext*> gemm_context(cudaStream_t stream);
 
 // buf[which] with at least `bytes` (reallocated when smaller: synchronises).
 Result<void*> gemm_scratch(GemmContext& ctx, GemmBuf which, size_t bytes);
+
+// x: [T, in] f32 (row stride ldx) as bf16 for a GEMM: *hi (and *lo when
+// want_lo), [T, in] with row stride in. From the live GemmSharedInput's split
+// when x is its input (made on the first such call), else split into
+// kBufXHi / kBufXLo. Call with ctx.mu held.
+Status gemm_input_bf16(GemmContext& ctx, const float* x, int64_t ldx, int64_t T, int64_t in, bool want_lo,
+                       const uint16_t** hi, const uint16_t** lo, cudaStream_t stream);
 
 // y[T, n] (row stride ldy, f32) = x[T, K] (bf16, row stride ldx) W[n, K]^T (bf16, row stride K);
 // with x_lo, adds x_lo W^T (beta = 1): the hi + lo split of kBf16x3.

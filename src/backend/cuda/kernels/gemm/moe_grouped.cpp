@@ -28,11 +28,12 @@ namespace aff::cuda {
 namespace {
 std::atomic<bool> g_ggml_fused{true};
 
-// The fused kernels' form: the environment's choice, read on first use.
+// The fused kernels' form: the second unless the environment asks for the first
+// (read on first use).
 std::atomic<int>& ggml_kernel_version() {
   static std::atomic<int> v{[] {
     const char* e = std::getenv("AFF_CUDA_MOE_PREFILL");
-    return e != nullptr && std::strcmp(e, "v2") == 0 ? 2 : 1;
+    return e != nullptr && std::strcmp(e, "v1") == 0 ? 1 : 2;
   }()};
   return v;
 }
@@ -160,13 +161,21 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
     // Pairs whose id is outside [0, E) are in no count, so no tile writes
     // their rows; the contract gives them zeros (as the scatter did).
     if (total < P) AFF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.y, 0, size_t(P * D) * 4, stream));
-    AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
-    // Second form where it takes the types (moe_grouped_set_ggml_kernel), per launch.
+    // Second form where it takes the types (moe_grouped_set_ggml_kernel), per
+    // launch. Its up kernel reads x in token order through pair_of_slot: x's
+    // bf16 rows come from the shared split when the router gate made one (a
+    // GemmSharedInput), else from one split here, and no gathered copy is made.
     const bool v2 = ggml_kernel_version().load() == 2;
-    if (v2 && moe_ggml_v2_takes_up(*ggml))
-      AFF_RETURN_IF_ERROR(moe_ggml_up_v2(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
-    else
+    const int64_t T = P / a.pairs_per_token;
+    if (v2 && moe_ggml_v2_takes_up(*ggml) && T * a.pairs_per_token == P) {
+      const uint16_t* xt = nullptr;
+      AFF_RETURN_IF_ERROR(gemm_input_bf16(*ctx, a.x, D, T, D, false, &xt, nullptr, stream));
+      AFF_RETURN_IF_ERROR(moe_ggml_up_v2(*ggml, dtiles, n_tiles, xt, pair_of_slot, int32_t(a.pairs_per_token),
+                                         a.swiglu_limit, act, stream));
+    } else {
+      AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
       AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
+    }
     if (v2 && moe_ggml_v2_takes_down(*ggml))
       return moe_ggml_down_v2(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
     return moe_ggml_down(*ggml, dtiles, n_tiles, act, pair_of_slot, a.y, stream);
@@ -193,14 +202,18 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   auto u16 = [](void* p) { return static_cast<uint16_t*>(p); };
   auto f32 = [](void* p) { return static_cast<float*>(p); };
 
-  if (identity) AFF_RETURN_IF_ERROR(split_rows_bf16(a.x, D, P, D, u16(xh), u16(xl), stream));
+  // Sorted inputs: the identity case takes x's split as it is (shared with the
+  // router gate's GEMM under a GemmSharedInput), the rest gather.
+  const uint16_t* xs_hi = u16(xh);
+  const uint16_t* xs_lo = u16(xl);
+  if (identity) AFF_RETURN_IF_ERROR(gemm_input_bf16(*ctx, a.x, D, P, D, split, &xs_hi, &xs_lo, stream));
   else AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, u16(xh), u16(xl), stream));
   for (int e = 0; e < E; ++e) {
     const int64_t ne = n[size_t(e)], o = off[size_t(e)];
     if (ne == 0) continue;
     const ExpertSlot& s = a.slots[size_t(e)];
-    const uint16_t* x_hi = u16(xh) + o * D;
-    const uint16_t* x_lo = split ? u16(xl) + o * D : nullptr;
+    const uint16_t* x_hi = xs_hi + o * D;
+    const uint16_t* x_lo = split ? xs_lo + o * D : nullptr;
     AFF_ASSIGN_OR_RETURN(const uint16_t* w1, weight_bf16(s.w1, tile, stream));
     AFF_RETURN_IF_ERROR(gemm_bf16_f32(*ctx, F, ne, D, w1, x_hi, x_lo, D, f32(gate) + o * F, F));
     AFF_ASSIGN_OR_RETURN(const uint16_t* w3, weight_bf16(s.w3, tile, stream));

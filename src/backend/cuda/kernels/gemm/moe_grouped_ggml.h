@@ -83,10 +83,14 @@ Status moe_ggml_down(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_til
 // takes_down w2 of one; the caller keeps the first form otherwise.
 bool moe_ggml_v2_takes_up(const MoeGgmlLayout& l);
 bool moe_ggml_v2_takes_down(const MoeGgmlLayout& l);
-// Shapes as moe_ggml_up: tiles device [n_tiles]; x device [total, D] bf16
-// bits; act device [total, inter] bf16 bits.
+// Shapes as moe_ggml_up: tiles device [n_tiles]; act device [total, inter]
+// bf16 bits. x: with x_pair null, device [total, D] bf16 bits in sorted order
+// (as moe_ggml_up); else device [T, D] bf16 bits in token order, sorted row r
+// reading row x_pair[r] / pairs_per_token (x_pair: the pair of each sorted
+// row, device [total]), which saves gathering x.
 Status moe_ggml_up_v2(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* x,
-                      float swiglu_limit, uint16_t* act, cudaStream_t stream);
+                      const int32_t* x_pair, int32_t pairs_per_token, float swiglu_limit, uint16_t* act,
+                      cudaStream_t stream);
 // Shapes as moe_ggml_down: act device [total, inter] bf16 bits; pair_of_slot
 // device [total]; y device [n_pairs, D] f32.
 Status moe_ggml_down_v2(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* act,

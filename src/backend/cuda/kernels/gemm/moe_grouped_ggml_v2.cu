@@ -113,16 +113,19 @@ using moe_grouped::kQ3K;
 using moe_grouped::sb_bytes;
 using moe_grouped::slot_units;
 
-// Activation stages | raw stages | two mbarriers | (IQ2_XXS) tables.
+// Activation stages | raw stages | two mbarriers | the tile's x row per token
+// | (IQ2_XXS) tables.
 int smem_bytes(int units, bool iq2_tables) {
-  return 2 * kXStage * 2 + 2 * kStaged * units * 16 + 16 + (iq2_tables ? kIq2TableBytes : 0);
+  return 2 * kXStage * 2 + 2 * kStaged * units * 16 + 16 + kM * 4 + (iq2_tables ? kIq2TableBytes : 0);
 }
 
 struct V2Params {
   const MoeGgmlTile* tiles = nullptr;  // [n_tiles]
   int32_t n_tiles = 0;
   int32_t row_blocks = 0;       // up: ceil(inter / 64), down: ceil(D / 128)
-  const uint16_t* x = nullptr;  // [total, K] bf16 bits, sorted rows
+  const uint16_t* x = nullptr;  // [total, K] bf16 bits, sorted rows; up with x_pair: [T, K] token rows
+  const int32_t* x_pair = nullptr;  // up: sorted row r reads x row x_pair[r] / x_ppt (null: row r)
+  int32_t x_ppt = 1;
   int64_t K = 0;                // reduction length (up: D, down: inter), a multiple of 256
   int64_t out = 0;              // output columns = weight rows (up: inter, down: D)
   int64_t row_bytes = 0;        // bytes of one weight row (w1 and w3 share it)
@@ -175,7 +178,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_ggml_v2_sm90(const V
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);  // [2][kM][kXPitch] bf16
   uint8_t* raw = smem + 2 * kXStage * 2;             // [2][kStaged][units * 16] ggml bytes
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw + 2 * kStaged * p.units * 16);  // [2] one per raw stage
-  uint2* iq2_sel = reinterpret_cast<uint2*>(bars + 2);                             // [256] (IQ2_XXS only)
+  int32_t* xrow = reinterpret_cast<int32_t*>(bars + 2);                            // [kM] x row of each token
+  uint2* iq2_sel = reinterpret_cast<uint2*>(xrow + kM);                            // [256] (IQ2_XXS only)
   uint4* iq2_sign = reinterpret_cast<uint4*>(iq2_sel + 256);                       // [128] (IQ2_XXS only)
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int tile_i = int(blockIdx.x / unsigned(p.row_blocks));
@@ -219,17 +223,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_ggml_v2_sm90(const V
 
   // Activation tile of step s (columns [128 s, 128 s + 128)): 64 tokens x 16
   // units, 4 units per thread (tokens t0 + 16 i, unit u); only tokens below
-  // the count are loaded. One source pointer and a count per thread.
+  // the count are loaded. Token t's row of x is xrow[t]: the sorted row, or
+  // (up from token-order x) its pair's token, so no gathered copy of x is
+  // needed.
   const int x_t0 = tid >> 4, x_u = tid & 15;
   const int x_n = (rows - x_t0 + 15) >> 4;  // units of this thread below the count (0..4)
-  const uint16_t* const x_src = p.x + (int64_t(tile.row0) + x_t0) * p.K + x_u * 8;
+  const uint16_t* const x_src = p.x + x_u * 8;
   auto issue_x = [&](int s) {
     uint16_t* st = xs + (s & 1) * kXStage + x_t0 * kXPitch + x_u * 8;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (i < x_n) cp_async16(st + 16 * i * kXPitch, x_src + 16 * i * p.K + int64_t(s) * kStepK);
+      if (i < x_n)
+        cp_async16(st + 16 * i * kXPitch, x_src + int64_t(xrow[x_t0 + 16 * i]) * p.K + int64_t(s) * kStepK);
     cp_async_commit();
   };
+  if (tid < kM) {
+    const int32_t r = tile.row0 + tid;
+    xrow[tid] = tid >= rows ? 0 : p.x_pair != nullptr ? p.x_pair[r] / p.x_ppt : r;
+  }
 
   // Tokens past the count read zeros in both stages (their rows are never loaded).
   for (int q = tid; q < 2 * kM * 16; q += kThreads) {
@@ -242,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_ggml_v2_sm90(const V
     moe_fast::mbar_init_fence();
   }
   if constexpr (kType == kIQ2XXS) moe_grouped::stage_iq2_tables(p.tables, tid, iq2_sel, iq2_sign);  // kThreads == 256
-  __syncthreads();  // barriers initialised before any copy counts on them
+  __syncthreads();  // barriers initialised before any copy counts on them; xrow written
   if (tid < kStaged) issue_raw(0);
   issue_x(0);
 
@@ -375,9 +386,12 @@ bool moe_ggml_v2_takes_up(const MoeGgmlLayout& l) {
 bool moe_ggml_v2_takes_down(const MoeGgmlLayout& l) { return v2_type(l.w2.ggml_type); }
 
 Status moe_ggml_up_v2(const MoeGgmlLayout& l, const MoeGgmlTile* tiles, int n_tiles, const uint16_t* x,
-                      float swiglu_limit, uint16_t* act, cudaStream_t stream) {
+                      const int32_t* x_pair, int32_t pairs_per_token, float swiglu_limit, uint16_t* act,
+                      cudaStream_t stream) {
   if (!moe_ggml_v2_takes_up(l)) return internal_error("moe_ggml_up_v2: gate/up types not taken by this form");
+  if (pairs_per_token < 1) return internal_error("moe_ggml_up_v2: pairs_per_token < 1");
   V2Params p = params(l.w1, tiles, n_tiles, x, kOutRows<true>);
+  p.x_pair = x_pair, p.x_ppt = pairs_per_token;
   p.limit = swiglu_limit, p.act = act;
   if (p.K % 256 != 0 || p.sb <= 0) return internal_error("moe_ggml_up_v2: layout not checked by moe_ggml_layout");
   return launch(pick<true>(l.w1.ggml_type), l.w1.ggml_type, p, "moe_ggml_up_v2_sm90", stream);
