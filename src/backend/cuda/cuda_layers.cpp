@@ -1,6 +1,8 @@
 #include "backend/cuda/cuda_layers.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <span>
 
@@ -22,6 +24,15 @@
 namespace aff::cuda {
 namespace {
 
+// AFF_CUDA_SIDE_STREAM=0 keeps a decode step on one stream (for comparisons).
+bool side_stream_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("AFF_CUDA_SIDE_STREAM");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
@@ -42,11 +53,11 @@ RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool
 }
 
 // Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
-// finishes (norm, RoPE) every entry the chunk completes. Nothing here depends
-// on the position on the host, so a captured decode step stays valid.
+// finishes (norm, RoPE) every entry the chunk completes, on stream s. Nothing
+// here depends on the position on the host, so a captured decode step stays
+// valid.
 Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
-                      const float* x, int64_t T, int64_t pos0) {
-  cudaStream_t s = st.stream.get();
+                      const float* x, int64_t T, int64_t pos0, cudaStream_t s) {
   const int r = c.ratio, d = c.dim;
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d);
   float* kv = st.ws.comp_kv.as<float>();
@@ -70,15 +81,18 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   return ring_store(rs, s);
 }
 
-// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count.
+// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count, on
+// stream s. qr (the query path's low-rank query) is read only after
+// `qr_from`'s work so far, when qr_from is another stream.
 Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
-                      const float* x, const float* qr, int64_t T, int64_t pos0) {
+                      const float* x, const float* qr, int64_t T, int64_t pos0, cudaStream_t s,
+                      cudaStream_t qr_from) {
   const dsv4::ModelConfig& c = m.config;
-  cudaStream_t s = st.stream.get();
-  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0));
+  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, s));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
-  AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
   AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
+  if (qr_from != s) AFF_RETURN_IF_ERROR(stream_after(s, qr_from, st.qr_ready));
+  AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
   AFF_RETURN_IF_ERROR(
       rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), s));
   IndexerScoreArgs a;
@@ -199,6 +213,14 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                       gemv_mma_takes(w.wq_a, 0, (w.wq_a.out + 15) / 16 * 16) &&
                       gemv_mma_takes(w.wkv, 0, (w.wkv.out + 15) / 16 * 16) &&
                       gemv_mma_pair_supports(w.wq_a, w.wkv);
+  if (compressed && !w.compressor.present) return internal_error("attention: compressed layer without a compressor");
+  // Decode sizes: the compressors and the indexer (which read only x, and qr
+  // once it is made) run on the side stream beside the query path. Prefill
+  // keeps one stream (its GEMMs' scratch and shared input are per stream), as
+  // does profiling (its stage marks are on the main stream).
+  const bool fork = compressed && !linear_uses_gemm(w.wq_a, T) && !profiling_enabled() && side_stream_enabled();
+  cudaStream_t side = fork ? st.side.get() : s;
+  if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (paired) {
     AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s));
     prof_mark(s, "attn.wq_a+wkv");
@@ -207,6 +229,18 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     prof_mark(s, "attn.wq_a");
   }
   AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
+  // The compressed entries and the indexer's selection (on `side`: enqueued
+  // here, after qr's norm, so the indexer's wait on s covers it).
+  auto entries = [&]() -> Status {
+    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, side));
+    prof_mark(s, "attn.compressor");
+    if (w.indexer.present) {
+      AFF_RETURN_IF_ERROR(indexer_select(m, w.indexer, ls, st, x, qr, T, pos0, side, s));
+      prof_mark(s, "attn.indexer");
+    }
+    return Status::ok();
+  };
+  if (fork) AFF_RETURN_IF_ERROR(entries());
   AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   prof_mark(s, "attn.q_norm+wq_b");
   if (!paired) {
@@ -225,16 +259,13 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
 
   AttentionArgs a;
   if (compressed) {
-    if (!w.compressor.present) return internal_error("attention: compressed layer without a compressor");
-    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0));
-    prof_mark(s, "attn.compressor");
+    if (fork) AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
+    else AFF_RETURN_IF_ERROR(entries());
     a.entries = ls.kv.entries.as<float>();
     a.entry_capacity = ls.kv.capacity;
     a.ratio = w.compressor.ratio;
     a.mode = AttnEntries::kVisible;
     if (w.indexer.present) {
-      AFF_RETURN_IF_ERROR(indexer_select(m, w.indexer, ls, st, x, qr, T, pos0));
-      prof_mark(s, "attn.indexer");
       a.mode = AttnEntries::kSelected;
       a.sel = ws.sel.as<int32_t>(), a.sel_count = ws.sel_count.as<int32_t>(), a.sel_ld = c.index_topk;
     }

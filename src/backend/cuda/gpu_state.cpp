@@ -247,6 +247,10 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   st->max_positions = max_positions;
   st->max_chunk = max_chunk;
   AFF_ASSIGN_OR_RETURN(st->stream, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->side, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->fork, Event::create());
+  AFF_ASSIGN_OR_RETURN(st->qr_ready, Event::create());
+  AFF_ASSIGN_OR_RETURN(st->join, Event::create());
 
   int64_t max_idx_entries = 1;
   st->layers.resize(model.layers.size());

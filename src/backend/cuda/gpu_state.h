@@ -111,6 +111,12 @@ class GpuState {
   int64_t kv_committed = 0;    // positions whose caches are backed (grows, see gpu_state_reserve)
   int64_t max_chunk = 0;
   Stream stream;
+  // Decode of a compressed layer runs its compressors and indexer on `side`,
+  // beside the query path on `stream` (both short chains of latency-bound
+  // kernels): fork at the layer's start, the indexer's query after qr, join
+  // before attention.
+  Stream side;
+  Event fork, qr_ready, join;
   DeviceBuffer step;           // StepInfo of the chunk being run (runtime/step_info.h)
   std::vector<GpuLayerState> layers;
   DeviceBuffer rope_main;      // [rope_dim/2] inverse frequencies, sliding layers

@@ -55,6 +55,30 @@ Result<Stream> Stream::create() {
   return s;
 }
 
+Event::~Event() {
+  if (e_) cudaEventDestroy(e_);
+}
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (e_) cudaEventDestroy(e_);
+    e_ = o.e_;
+    o.e_ = nullptr;
+  }
+  return *this;
+}
+
+Result<Event> Event::create() {
+  Event e;
+  AFF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.e_, cudaEventDisableTiming));
+  return e;
+}
+
+Status stream_after(cudaStream_t waiter, cudaStream_t from, const Event& via) {
+  AFF_RETURN_IF_ERROR(cuda_status(cudaEventRecord(via.get(), from), "cudaEventRecord"));
+  return cuda_status(cudaStreamWaitEvent(waiter, via.get(), 0), "cudaStreamWaitEvent");
+}
+
 Status Stream::synchronize() const { return cuda_status(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
 
 Status copy_to_device(void* dst, const void* src, size_t bytes, const char* what) {

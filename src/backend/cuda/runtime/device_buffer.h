@@ -1,4 +1,4 @@
-// Owning handles for device memory and streams (RAII: freed/destroyed on
+// Owning handles for device memory, streams and events (RAII: freed/destroyed on
 // destruction, movable, not copyable). Allocation failures come back as a
 // Status naming what was being allocated and how much.
 #pragma once
@@ -53,6 +53,27 @@ class Stream {
  private:
   cudaStream_t s_ = nullptr;
 };
+
+// An event for ordering streams (no timing).
+class Event {
+ public:
+  Event() = default;
+  ~Event();
+  Event(Event&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event& operator=(Event&& o) noexcept;
+
+  static Result<Event> create();
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// `waiter` runs its later work after everything enqueued on `from` so far
+// (recorded on `via`, which the call reuses). Captured into a graph, an edge.
+Status stream_after(cudaStream_t waiter, cudaStream_t from, const Event& via);
 
 // Host <-> device copies of typed arrays (synchronous with respect to the host).
 Status copy_to_device(void* dst, const void* src, size_t bytes, const char* what);
