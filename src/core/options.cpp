@@ -129,7 +129,8 @@ std::vector<OptionSpec> build_table() {
       integer(kPerf, "", "--gpu-chunk", "N", &O::gpu_chunk, "4096", "4096", 1, 65536,
               "GPU: most tokens per forward call; longer prefills are split. Larger chunks read each expert "
               "fewer times per prompt (8K prefill on an H200: 4,846 tok/s at 2048, 5,306 at 4096); each session's "
-              "activation workspace grows about 1.1 MB per token. Does not change the logits."),
+              "activation workspace takes about 0.9 MB per token of chunk at a 64K context (the indexer's scores "
+              "grow with the context). Does not change the logits."),
       integer(kPerf, "", "--kv-commit", "N", &O::kv_commit, "8192", "8192", 1, 1e12,
               "GPU: positions of KV cache backed by GPU memory when a session starts; more is mapped as the "
               "context grows, at the same addresses."),

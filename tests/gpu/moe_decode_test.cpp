@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/moe/moe_decode_fast.h"
 #include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
 #include "gpu_test_util.h"
@@ -310,6 +311,38 @@ TEST_P(MoeDecodeFastTest, MatchesReferenceAndRepeatsBits) {
       std::printf("[moe-fast] %s %s T=%lld: rel_rms %.3e\n", c.name.c_str(), exact ? "exact" : "fast", (long long)T, e);
       const double bound = c.k > 0 ? kGgmlMaxRelRms : exact ? kNativeMaxRelRms : kFastNativeMaxRelRms;
       EXPECT_LE(e, bound) << "T=" << T << (exact ? " exact" : " fast");
+      if (c.k > 0 && c.shared) {
+        // The decode step's split form: the shared expert alone over half the
+        // SMs into its own output, then the routed pairs adding it.
+        set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+        MoeDecodeArgs sh = a, ro = a;
+        auto sh_out = DeviceBuffer::allocate(want.size() * 4, "shared out");
+        ASSERT_TRUE(sh_out.is_ok());
+        sh.k = 0, sh.act = a.act + T * c.k * I, sh.out = sh_out->as<float>();
+        sh.max_sms = std::max(1, current_device_multiprocessors() / 2);
+        ro.shared_slot = nullptr, ro.add = sh.out;
+        ASSERT_TRUE(moe_decode_streams(sh) && moe_decode_streams(ro)) << "T=" << T;
+        ASSERT_TRUE(copy_to_device(dout->data(), std::vector<float>(want.size(), std::nanf("")).data(),
+                                   want.size() * 4, "out").is_ok());
+        ASSERT_TRUE(moe_decode_up(sh, nullptr).is_ok());
+        ASSERT_TRUE(moe_decode_down(sh, nullptr).is_ok());
+        ASSERT_TRUE(moe_decode_up(ro, nullptr).is_ok());
+        ASSERT_TRUE(moe_decode_down(ro, nullptr).is_ok());
+        set_mma_precision(MmaPrecision::kBf16x3);
+        auto got = download_vector(dout->as<float>(), want.size(), "out");
+        ASSERT_TRUE(got.is_ok());
+        const double es = rel_rms(got->data(), want.data(), want.size());
+        const double vs_fused = rel_rms(got->data(), runs[0].data(), want.size());
+        std::printf("[moe-fast] %s %s T=%lld split: rel_rms %.3e, vs one launch pair %.3e\n", c.name.c_str(),
+                    exact ? "exact" : "fast", (long long)T, es, vs_fused);
+        EXPECT_LE(es, bound) << "T=" << T << " split";
+        // Same products, only the final sum's order differs.
+        EXPECT_LE(vs_fused, 1e-5) << "T=" << T << " split vs one launch pair";
+        // The general kernels refuse what only the streaming ones implement.
+        MoeDecodeArgs bad = ro;
+        bad.routed_format = DevFormat::kMXFP4;
+        EXPECT_FALSE(moe_decode_down(bad, nullptr).is_ok());
+      }
     }
   }
 }

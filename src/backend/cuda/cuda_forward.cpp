@@ -78,18 +78,30 @@ Status run_layers(const DeviceModel& model, GpuState& st, std::span<const int32_
   return Status::ok();
 }
 
-// Final collapse, norm and head for rows [first, T) of ws.h into ws.logits.
-// Runs right after the chunk's layers: it also applies the last layer's
-// hc_post (ws.y into ws.h) for the rows it reads.
-Status run_head(const DeviceModel& model, GpuState& st, int n_layers, int64_t first, int64_t T) {
-  const int64_t n_out = T - first;
-  float* x = st.ws.x.as<float>();
+// Final collapse and norm for rows [first, T) of ws.h into ws.x (row r of
+// ws.x is row first + r). Runs right after the chunk's layers: it also
+// applies the last layer's hc_post (ws.y into ws.h) for the rows it reads.
+Status run_head_norm(const DeviceModel& model, GpuState& st, int n_layers, int64_t first, int64_t T) {
   AFF_RETURN_IF_ERROR(gpu_hc_site(model, model.hc_head, st, st.ws.h.as<float>(),
-                                  n_layers > 0 ? st.ws.y.as<float>() : nullptr, first, n_out, true, model.norm, x));
+                                  n_layers > 0 ? st.ws.y.as<float>() : nullptr, first, T - first, true, model.norm,
+                                  st.ws.x.as<float>()));
   prof_mark(st.stream.get(), "head.mhc");
-  AFF_RETURN_IF_ERROR(linear(model.head, x, n_out, st.ws.logits.as<float>(), st.stream.get()));
+  return Status::ok();
+}
+
+// The head for n <= kLogitRows rows of ws.x from row r: ws.logits [n, vocab].
+Status run_head_rows(const DeviceModel& model, GpuState& st, int64_t r, int64_t n) {
+  if (n > kLogitRows) return internal_error("head: more rows than the logits workspace");
+  const float* x = st.ws.x.as<float>() + r * model.config.hidden_size;
+  AFF_RETURN_IF_ERROR(linear(model.head, x, n, st.ws.logits.as<float>(), st.stream.get()));
   prof_mark(st.stream.get(), "head.gemv");
   return Status::ok();
+}
+
+// The last row's logits into ws.logits row 0.
+Status run_head(const DeviceModel& model, GpuState& st, int n_layers, int64_t T) {
+  AFF_RETURN_IF_ERROR(run_head_norm(model, st, n_layers, T - 1, T));
+  return run_head_rows(model, st, 0, 1);
 }
 
 // The whole decode step for one token as enqueued work: inputs from the
@@ -104,7 +116,7 @@ Status enqueue_decode(const DeviceModel& model, GpuState& st, DecodeGraph& g, in
   AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.ws.tokens.data(), &g.io()->token, 4, cudaMemcpyHostToDevice, s));
   // The position is only used by host-side checks here; kernels read StepInfo.
   AFF_RETURN_IF_ERROR(enqueue_layers(model, st, 1, g.io()->step.pos0, n_layers, opts));
-  AFF_RETURN_IF_ERROR(run_head(model, st, n_layers, 0, 1));
+  AFF_RETURN_IF_ERROR(run_head(model, st, n_layers, 1));
   if (greedy) {
     AFF_RETURN_IF_ERROR(argmax_rows(st.ws.logits.as<float>(), 1, V, st.ws.argmax.as<int32_t>(), s));
     AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&g.io()->argmax, st.ws.argmax.data(), 4, cudaMemcpyDeviceToHost, s));
@@ -170,12 +182,18 @@ Status gpu_forward(const DeviceModel& model, GpuState& state, std::span<const in
     const bool last = i + n == tokens.size();
     AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
     if (!all_positions && !last) continue;
-    const int64_t first = all_positions ? 0 : int64_t(n) - 1;
-    AFF_RETURN_IF_ERROR(run_head(model, state, n_layers, first, int64_t(n)));
-    const size_t base = logits.size(), count = size_t((int64_t(n) - first) * V);
-    logits.resize(base + count);
-    AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + base, state.ws.logits.data(), count * 4,
-                                             cudaMemcpyDeviceToHost, state.stream.get()));
+    const int64_t first = all_positions ? 0 : int64_t(n) - 1, n_out = int64_t(n) - first;
+    AFF_RETURN_IF_ERROR(run_head_norm(model, state, n_layers, first, int64_t(n)));
+    const size_t base = logits.size();
+    logits.resize(base + size_t(n_out * V));
+    // In passes of kLogitRows: each pass's copy is ordered before the next
+    // pass overwrites ws.logits (one stream).
+    for (int64_t r = 0; r < n_out; r += kLogitRows) {
+      const int64_t m = std::min(kLogitRows, n_out - r);
+      AFF_RETURN_IF_ERROR(run_head_rows(model, state, r, m));
+      AFF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + base + size_t(r * V), state.ws.logits.data(),
+                                               size_t(m * V) * 4, cudaMemcpyDeviceToHost, state.stream.get()));
+    }
     AFF_RETURN_IF_ERROR(state.stream.synchronize());
   }
   return Status::ok();
@@ -194,7 +212,7 @@ Result<int32_t> gpu_forward_greedy(const DeviceModel& model, GpuState& state, st
     n = std::min(tokens.size() - i, size_t(state.max_chunk));
     AFF_RETURN_IF_ERROR(run_layers(model, state, tokens.subspan(i, n), n_layers, opts));
   }
-  AFF_RETURN_IF_ERROR(run_head(model, state, n_layers, int64_t(n) - 1, int64_t(n)));
+  AFF_RETURN_IF_ERROR(run_head(model, state, n_layers, int64_t(n)));
   cudaStream_t s = state.stream.get();
   AFF_RETURN_IF_ERROR(argmax_rows(state.ws.logits.as<float>(), 1, model.config.vocab_size,
                                   state.ws.argmax.as<int32_t>(), s));

@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/profile.h"
 #include "backend/cuda/runtime/step_info.h"
 
@@ -319,6 +320,33 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   // The router gate and the shared expert read x: one bf16 split for both (prefill).
   std::optional<GemmSharedInput> shared_x;
   if (linear_uses_gemm(w.gate, T)) shared_x.emplace(x, c.hidden_size, T, c.hidden_size, s);
+  // Decode: the shared expert (which needs no routing) runs on the side stream
+  // over part of the GPU while the router's short, latency-bound kernels run
+  // on the main stream; the routed down launch adds its output.
+  MoeDecodeArgs d;
+  d.slots = w.slots, d.ids = ws.route_ids.as<int32_t>(), d.route_w = ws.route_w.as<float>();
+  d.k = no_routed ? 0 : k, d.routed_format = w.expert_format, d.shared_format = w.shared_format;
+  if (!w.host_slots.empty()) d.routed_ggml_up = w.host_slots[0].w1.ggml_type, d.routed_ggml_down = w.host_slots[0].w2.ggml_type;
+  d.shared_ggml_up = w.shared_host.w1.ggml_type, d.shared_ggml_down = w.shared_host.w2.ggml_type;
+  d.shared_fp8_block = w.shared_host.w1.block;
+  d.shared_slot = w.has_shared ? w.shared_slot : nullptr;
+  d.x = x, d.T = T, d.D = c.hidden_size, d.inter = c.moe_inter, d.swiglu_limit = limit;
+  d.act = ws.act.as<float>(), d.out = out;
+  const bool decode = T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
+                      moe_decode_act_bytes(d) <= int64_t(ws.act.bytes());
+  MoeDecodeArgs routed = d, shared_only = d;
+  routed.shared_slot = nullptr;
+  shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
+  shared_only.max_sms = std::max(1, current_device_multiprocessors() / 2);
+  routed.add = shared_only.out;
+  const bool split = decode && d.k > 0 && d.shared_slot != nullptr && side_stream_enabled() &&
+                     !profiling_enabled() && moe_decode_streams(routed) && moe_decode_streams(shared_only);
+  if (split) {
+    cudaStream_t side = st.side.get();
+    AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
+    AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
+    AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
+  }
   if (!no_routed) {
     AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
     RouterArgs r;
@@ -334,19 +362,14 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     AFF_RETURN_IF_ERROR(router_topk(r, s));
     prof_mark(s, "moe.router");
   }
-  // Decode-sized batches: every routed pair and the shared expert in one up and
-  // one down launch, the combine folded into the down launch.
-  MoeDecodeArgs d;
-  d.slots = w.slots, d.ids = ws.route_ids.as<int32_t>(), d.route_w = ws.route_w.as<float>();
-  d.k = no_routed ? 0 : k, d.routed_format = w.expert_format, d.shared_format = w.shared_format;
-  if (!w.host_slots.empty()) d.routed_ggml_up = w.host_slots[0].w1.ggml_type, d.routed_ggml_down = w.host_slots[0].w2.ggml_type;
-  d.shared_ggml_up = w.shared_host.w1.ggml_type, d.shared_ggml_down = w.shared_host.w2.ggml_type;
-  d.shared_fp8_block = w.shared_host.w1.block;
-  d.shared_slot = w.has_shared ? w.shared_slot : nullptr;
-  d.x = x, d.T = T, d.D = c.hidden_size, d.inter = c.moe_inter, d.swiglu_limit = limit;
-  d.act = ws.act.as<float>(), d.out = out;
-  if (T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
-      moe_decode_act_bytes(d) <= int64_t(ws.act.bytes())) {
+  if (split) {
+    AFF_RETURN_IF_ERROR(moe_decode_up(routed, s));
+    AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
+    return moe_decode_down(routed, s);
+  }
+  // Decode-sized batches otherwise: every routed pair and the shared expert in
+  // one up and one down launch, the combine folded into the down launch.
+  if (decode) {
     AFF_RETURN_IF_ERROR(moe_decode_up(d, s));
     prof_mark(s, "moe.up");
     AFF_RETURN_IF_ERROR(moe_decode_down(d, s));

@@ -316,7 +316,7 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.y_shared, T * D, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.zero_ids, T, 4, "workspace"));
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.zero_ids.data(), 0, w.zero_ids.bytes()), "cudaMemset"));
-  AFF_RETURN_IF_ERROR(alloc(w.logits, T * c.vocab_size, 4, "logits"));
+  AFF_RETURN_IF_ERROR(alloc(w.logits, std::min(T, kLogitRows) * c.vocab_size, 4, "logits"));
   AFF_RETURN_IF_ERROR(alloc(w.argmax, T, 4, "workspace"));
   AFF_RETURN_IF_ERROR(gpu_state_reserve(*st, std::min(std::max<int64_t>(options.kv_commit, 1), max_positions)));
   return st;

@@ -100,9 +100,14 @@ struct Workspace {
   DeviceBuffer y_pairs;                 // [T*k, D]
   DeviceBuffer y_shared;                // [T, D]
   DeviceBuffer zero_ids;                // i32 [T], all 0 (the shared expert's slot)
-  DeviceBuffer logits;                  // [T, vocab]
+  DeviceBuffer logits;                  // [min(T, kLogitRows), vocab]
   DeviceBuffer argmax;                  // i32 [T]
 };
+
+// Head rows computed per pass: all-positions logits of a long chunk go
+// through ws.logits in passes of this many rows, so the workspace does not
+// hold [chunk, vocab] (2 GB at 4,096 tokens and V4's vocabulary).
+constexpr int64_t kLogitRows = 256;
 
 class GpuState {
  public:

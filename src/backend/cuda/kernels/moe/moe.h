@@ -80,6 +80,10 @@ struct MoeDecodeArgs {
   float swiglu_limit = 0.0f;                 // 0 disables the clamp
   float* act = nullptr;                      // scratch [T*k + (shared ? T : 0), inter]
   float* out = nullptr;                      // [T, D]
+  // Streaming kernels only (moe_fast_supported); the general ones refuse them.
+  const float* add = nullptr;                // [T, D] added to out by the down launch, or null
+  int max_sms = 0;                           // SMs the launches spread over (0: all): a launch
+                                             // running beside other work leaves it the rest
 };
 
 // Bytes of act scratch the two launches need.
@@ -97,6 +101,9 @@ void moe_decode_set_ggml_ring(bool on);
 // default) or the general ones. Process-wide; change it only between decode
 // steps (an up launch and its down launch must agree on the act layout).
 void moe_decode_set_fast(bool on);
+// Whether moe_decode_up/down take the streaming kernels for these arguments
+// (and so accept add and max_sms).
+bool moe_decode_streams(const MoeDecodeArgs& m);
 Status moe_decode_down(const MoeDecodeArgs& a, cudaStream_t stream);
 
 // out[t, d] = sum_i weights[t, i] * y[t*k + i, d] (+ add[t, d] when add != null).

@@ -225,10 +225,12 @@ Status moe_decode_prepare() {
 
 void moe_decode_set_ggml_ring(bool on) { g_ggml_ring = on; }
 void moe_decode_set_fast(bool on) { g_fast = on; }
+bool moe_decode_streams(const MoeDecodeArgs& m) { return g_fast && moe_fast_supported(m); }
 
 Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
   if (g_fast && moe_fast_supported(m)) return moe_fast_up(m, stream);
+  if (m.add != nullptr || m.max_sms != 0) return internal_error("moe_decode_up: add / max_sms need the streaming kernels");
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   if (n_pairs == 0) return Status::ok();
   const bool stage = any_ggml(m);
@@ -253,6 +255,7 @@ Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
 Status moe_decode_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
   if (g_fast && moe_fast_supported(m)) return moe_fast_down(m, stream);
+  if (m.add != nullptr || m.max_sms != 0) return internal_error("moe_decode_down: add / max_sms need the streaming kernels");
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   const bool stage = any_ggml(m);
   const int64_t staged = stage ? act_q8_bytes(n_pairs, m.inter) : 0;

@@ -560,6 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
       for (int w = 0; w < kWarps; ++w) sh += red[((tile * kWarps + w) * 4 + r) * 32 + l];
       v += sh;
     }
+    if (m.add) v += m.add[int64_t(t) * D + d0 + i];
     m.out[int64_t(t) * D + d0 + i] = v;
   }
 }
@@ -734,6 +735,12 @@ DownKernel down_kernel(Fmt f, bool exact) {
 
 Status allow_smem(const void* kernel) { return raise_smem_limit(kernel, int(kSmemMax)); }
 
+// SMs a launch spreads over: all, or max_sms when set.
+int sms_for(const MoeDecodeArgs& m) {
+  const int sms = current_device_multiprocessors();
+  return m.max_sms > 0 ? std::min(sms, m.max_sms) : sms;
+}
+
 }  // namespace
 
 bool moe_fast_supported(const MoeDecodeArgs& m) {
@@ -745,7 +752,7 @@ bool moe_fast_supported(const MoeDecodeArgs& m) {
                         m.shared_fp8_block % 64 != 0))
     return false;
   if (!aligned16(m.x) || !aligned16(m.act)) return false;
-  const int sms = current_device_multiprocessors();
+  const int sms = sms_for(m);
   UpPlan u;
   DownPlan d;
   int64_t su = 0, sd = 0;
@@ -757,7 +764,7 @@ Status moe_fast_up(const MoeDecodeArgs& m, cudaStream_t stream) {
   UpPlan a;
   int64_t smem = 0;
   int blocks = 0;
-  if (!plan_up(m, current_device_multiprocessors(), a, smem, blocks)) return internal_error("moe_fast_up: unsupported");
+  if (!plan_up(m, sms_for(m), a, smem, blocks)) return internal_error("moe_fast_up: unsupported");
   Fmt f = Fmt::kQ2_K;
   if (m.k > 0) fmt_of(m.routed_ggml_up, f);
   const UpKernel kernel = up_kernel(f, mma_precision() != MmaPrecision::kBf16);
@@ -770,7 +777,7 @@ Status moe_fast_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   DownPlan a;
   int64_t smem = 0;
   int blocks = 0;
-  if (!plan_down(m, current_device_multiprocessors(), a, smem, blocks))
+  if (!plan_down(m, sms_for(m), a, smem, blocks))
     return internal_error("moe_fast_down: unsupported");
   Fmt f = Fmt::kQ2_K;
   if (m.k > 0) fmt_of(m.routed_ggml_down, f);
