@@ -25,6 +25,17 @@
 namespace aff::cuda {
 namespace {
 
+// Share of the SMs the decode step's shared expert spreads over while the
+// router runs beside it (AFF_CUDA_SHARED_SMS, percent; tuning knob).
+int shared_sms_percent() {
+  static const int pct = [] {
+    const char* e = std::getenv("AFF_CUDA_SHARED_SMS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 1 && v <= 100 ? v : 50;
+  }();
+  return pct;
+}
+
 // AFF_CUDA_SIDE_STREAM=0 keeps a decode step on one stream (for comparisons).
 bool side_stream_enabled() {
   static const bool on = [] {
@@ -285,7 +296,15 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   rs.src = kv, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.step = st.step.as<StepInfo>();
   rs.T = T;
   rs.width = Dh;
-  AFF_RETURN_IF_ERROR(ring_store(rs, s));
+  // Nothing after it in this layer reads the ring: at decode sizes it runs on
+  // the side stream beside the output projections, joined at the end.
+  const bool ring_beside = !linear_uses_gemm(w.wq_a, T) && !profiling_enabled() && side_stream_enabled();
+  if (ring_beside) {
+    AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
+    AFF_RETURN_IF_ERROR(ring_store(rs, st.side.get()));
+  } else {
+    AFF_RETURN_IF_ERROR(ring_store(rs, s));
+  }
 
   // V carried RoPE on its tail: rotate back by the query's angle.
   float* o = ws.o.as<float>();
@@ -306,6 +325,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   prof_mark(s, "attn.wo_a");
   AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
   prof_mark(s, "attn.wo_b");
+  if (ring_beside) AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
   return Status::ok();
 }
 
@@ -337,7 +357,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   MoeDecodeArgs routed = d, shared_only = d;
   routed.shared_slot = nullptr;
   shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
-  shared_only.max_sms = std::max(1, current_device_multiprocessors() / 2);
+  shared_only.max_sms = std::max(1, current_device_multiprocessors() * shared_sms_percent() / 100);
   routed.add = shared_only.out;
   const bool split = decode && d.k > 0 && d.shared_slot != nullptr && side_stream_enabled() &&
                      !profiling_enabled() && moe_decode_streams(routed) && moe_decode_streams(shared_only);
