@@ -45,6 +45,11 @@ bool side_stream_enabled() {
   return on;
 }
 
+// Whether a chain of decode-sized work may run on the side stream
+// (GpuState::side): not for prefill (its GEMMs' scratch and shared input are
+// per stream) nor while profiling (the stage marks are on the main stream).
+bool beside(bool decode_sized) { return decode_sized && !profiling_enabled() && side_stream_enabled(); }
+
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
@@ -227,10 +232,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                       gemv_mma_pair_supports(w.wq_a, w.wkv);
   if (compressed && !w.compressor.present) return internal_error("attention: compressed layer without a compressor");
   // Decode sizes: the compressors and the indexer (which read only x, and qr
-  // once it is made) run on the side stream beside the query path. Prefill
-  // keeps one stream (its GEMMs' scratch and shared input are per stream), as
-  // does profiling (its stage marks are on the main stream).
-  const bool fork = compressed && !linear_uses_gemm(w.wq_a, T) && !profiling_enabled() && side_stream_enabled();
+  // once it is made) run on the side stream beside the query path.
+  const bool fork = compressed && beside(!linear_uses_gemm(w.wq_a, T));
   cudaStream_t side = fork ? st.side.get() : s;
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (paired) {
@@ -298,7 +301,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   rs.width = Dh;
   // Nothing after it in this layer reads the ring: at decode sizes it runs on
   // the side stream beside the output projections, joined at the end.
-  const bool ring_beside = !linear_uses_gemm(w.wq_a, T) && !profiling_enabled() && side_stream_enabled();
+  const bool ring_beside = beside(!linear_uses_gemm(w.wq_a, T));
   if (ring_beside) {
     AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
     AFF_RETURN_IF_ERROR(ring_store(rs, st.side.get()));
@@ -359,8 +362,8 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
   shared_only.max_sms = std::max(1, current_device_multiprocessors() * shared_sms_percent() / 100);
   routed.add = shared_only.out;
-  const bool split = decode && d.k > 0 && d.shared_slot != nullptr && side_stream_enabled() &&
-                     !profiling_enabled() && moe_decode_streams(routed) && moe_decode_streams(shared_only);
+  const bool split = beside(decode) && d.k > 0 && d.shared_slot != nullptr && moe_decode_streams(routed) &&
+                     moe_decode_streams(shared_only);
   if (split) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
