@@ -151,12 +151,11 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
   if (!identity) AFF_RETURN_IF_ERROR(moe_place(a.ids, P, E, offsets, cursor, slot_of_pair, pair_of_slot, stream));
 
   if (fused) {
-    // Scratch (sorted rows): inputs [total, D] bf16, activations [total, F]
-    // bf16; x's lo half is never formed (only hi enters the fused kernels, in
-    // both precisions). Down writes y in pair order itself.
-    AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
+    // Scratch (sorted rows): activations [total, F] bf16 (and, for the first
+    // form's up kernel, gathered inputs [total, D] bf16); x's lo half is never
+    // formed (only hi enters the fused kernels, in both precisions). Down
+    // writes y in pair order itself.
     AFF_ASSIGN_OR_RETURN(void* ah, gemm_scratch(*ctx, kBufActHi, size_t(total * F) * 2));
-    uint16_t* x16 = static_cast<uint16_t*>(xh);
     uint16_t* act = static_cast<uint16_t*>(ah);
     // Pairs whose id is outside [0, E) are in no count, so no tile writes
     // their rows; the contract gives them zeros (as the scatter did).
@@ -173,6 +172,8 @@ Status moe_grouped_ffn(const GroupedMoeArgs& a, MmaPrecision precision, cudaStre
       AFF_RETURN_IF_ERROR(moe_ggml_up_v2(*ggml, dtiles, n_tiles, xt, pair_of_slot, int32_t(a.pairs_per_token),
                                          a.swiglu_limit, act, stream));
     } else {
+      AFF_ASSIGN_OR_RETURN(void* xh, gemm_scratch(*ctx, kBufXHi, size_t(total * D) * 2));
+      uint16_t* x16 = static_cast<uint16_t*>(xh);
       AFF_RETURN_IF_ERROR(moe_gather_bf16(a.x, D, a.pairs_per_token, pair_of_slot, total, x16, nullptr, stream));
       AFF_RETURN_IF_ERROR(moe_ggml_up(*ggml, dtiles, n_tiles, x16, a.swiglu_limit, act, stream));
     }

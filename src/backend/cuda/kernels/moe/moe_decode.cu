@@ -229,7 +229,7 @@ bool moe_decode_streams(const MoeDecodeArgs& m) { return g_fast && moe_fast_supp
 
 Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
-  if (g_fast && moe_fast_supported(m)) return moe_fast_up(m, stream);
+  if (moe_decode_streams(m)) return moe_fast_up(m, stream);
   if (m.add != nullptr || m.max_sms != 0) return internal_error("moe_decode_up: add / max_sms need the streaming kernels");
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   if (n_pairs == 0) return Status::ok();
@@ -254,7 +254,7 @@ Status moe_decode_up(const MoeDecodeArgs& m, cudaStream_t stream) {
 
 Status moe_decode_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   AFF_RETURN_IF_ERROR(check(m));
-  if (g_fast && moe_fast_supported(m)) return moe_fast_down(m, stream);
+  if (moe_decode_streams(m)) return moe_fast_down(m, stream);
   if (m.add != nullptr || m.max_sms != 0) return internal_error("moe_decode_down: add / max_sms need the streaming kernels");
   const int64_t n_pairs = m.T * m.k + (m.shared_slot ? m.T : 0);
   const bool stage = any_ggml(m);
