@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "affinity/engine.h"
 #include "backend/device_probe.h"
 #include "core/options.h"
 
@@ -97,7 +98,9 @@ int main(int argc, char** argv) {
 #endif
   std::string experts = "q2", expert_types, dense = "fp8", json_path, fill = "synthetic";
   std::vector<int64_t> prefill = {1024, 8192, 32768}, contexts = {0, 4096, 32768};
-  int64_t layers = 43, pool = 0, steps = 16, runs = 3, chunk = 4096, kv_size = 1048576, kv_commit = 8192, seed = 1;
+  // The prefill chunk defaults to the engine's (affinity --gpu-chunk), so the bench measures what it runs.
+  int64_t layers = 43, pool = 0, steps = 16, runs = 3, chunk = aff::EngineOptions{}.gpu_chunk, kv_size = 1048576,
+          kv_commit = 8192, seed = 1;
   double max_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
