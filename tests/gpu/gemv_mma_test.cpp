@@ -252,5 +252,53 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaPair,
                                            std::make_tuple(int64_t(128), int64_t(640), int64_t(1024), int64_t(8), true),
                                            std::make_tuple(int64_t(1024), int64_t(512), int64_t(4096), int64_t(11), false)));
 
+// The query path's q_norm folded into wq_b: x's rows RMS-normalised with a
+// weight inside the launch must match the double product of the normalised
+// rows, for 1..8 tokens (and more: several launches) and both precisions.
+class GemvFp8MmaNormed : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, bool>> {};
+
+TEST_P(GemvFp8MmaNormed, MatchesTheProductOfTheNormalisedRows) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [out, in, T, exact] = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  const HostFp8 h = random_fp8(out, in, rng);
+  const std::vector<float> x = random_x(T * in, rng);
+  std::vector<float> norm(static_cast<size_t>(in));
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  for (float& v : norm) v = ud(rng);
+  const float eps = 1e-6f;
+  std::vector<double> want(size_t(T * out));
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0.0;
+    for (int64_t k = 0; k < in; ++k) ss += double(x[size_t(t * in + k)]) * x[size_t(t * in + k)];
+    const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
+    for (int64_t r = 0; r < out; ++r) {
+      double s = 0.0;
+      for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * (norm[size_t(k)] * x[size_t(t * in + k)] * inv);
+      want[size_t(t * out + r)] = s;
+    }
+  }
+  auto dw = upload_vector(h.w, "w");
+  auto ds = upload_vector(h.s, "s");
+  auto dx = upload_vector(x, "x");
+  auto dn = upload_vector(norm, "norm");
+  auto dy = upload_vector(std::vector<float>(size_t(T * out), std::nanf("")), "y");
+  ASSERT_TRUE(dw.is_ok() && ds.is_ok() && dx.is_ok() && dn.is_ok() && dy.is_ok());
+  const DeviceLinear w = fp8_linear(h, *dw, *ds);
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  ASSERT_TRUE(gemv_mma_normed(w, dx->as<float>(), T, dy->as<float>(), dn->as<float>(), eps, nullptr).is_ok());
+  expect_close(*dy, want, Shape{out, in, 0, out, T}, exact, "fp8 normed");
+  // The x the kernel normalised in place is untouched.
+  auto back = download_vector(dx->as<float>(), x.size(), "x");
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(*back, x);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaNormed,
+                         ::testing::Values(std::make_tuple(int64_t(4096), int64_t(1024), int64_t(1), true),
+                                           std::make_tuple(int64_t(4096), int64_t(1024), int64_t(1), false),
+                                           std::make_tuple(int64_t(333), int64_t(1536), int64_t(5), true),
+                                           std::make_tuple(int64_t(256), int64_t(1024), int64_t(11), true)));
+
 }  // namespace
 }  // namespace aff::cuda

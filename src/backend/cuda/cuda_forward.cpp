@@ -55,6 +55,7 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
   // last layer's is applied by the head (run_head), so y must survive until then.
   for (int l = 0; l < n_layers; ++l) {
     const DeviceLayer& lw = model.layers[size_t(l)];
+    AFF_RETURN_IF_ERROR(gpu_prefetch_query_weights(model, l, st, T));
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x));
     prof_mark(s, "mhc");
     AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y));
@@ -62,7 +63,7 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
     prof_mark(s, "mhc");
     AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
   }
-  return Status::ok();
+  return gpu_prefetch_join(st);
 }
 
 // One chunk through embedding and the layers, launch by launch.

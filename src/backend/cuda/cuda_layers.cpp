@@ -13,6 +13,7 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
@@ -49,6 +50,28 @@ bool side_stream_enabled() {
 // (GpuState::side): not for prefill (its GEMMs' scratch and shared input are
 // per stream) nor while profiling (the stage marks are on the main stream).
 bool beside(bool decode_sized) { return decode_sized && !profiling_enabled() && side_stream_enabled(); }
+
+// AFF_CUDA_L2_AHEAD=0 turns the query weights' L2 prefetch off (comparisons).
+bool ahead_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("AFF_CUDA_L2_AHEAD");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// Bytes of a weight's stored values (scales left out: they are small).
+int64_t weight_bytes(const DeviceLinear& w) {
+  switch (w.format) {
+    case DevFormat::kF32: return w.out * w.in * 4;
+    case DevFormat::kBF16:
+    case DevFormat::kF16: return w.out * w.in * 2;
+    case DevFormat::kFP8Block: return w.out * w.in;
+    case DevFormat::kMXFP4: return w.out * w.in / 2;
+    case DevFormat::kGgml: return w.out * w.row_bytes;
+  }
+  return 0;
+}
 
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
@@ -100,16 +123,18 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
 
 // The indexer's compressor, queries and top-k into ws.sel / ws.sel_count, on
 // stream s. qr (the query path's low-rank query) is read only after
-// `qr_from`'s work so far, when qr_from is another stream.
+// `qr_from`'s work so far, when qr_from is another stream. q_norm: null when
+// qr is already normalised, else its rmsnorm weight (folded into wq_b).
 Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
-                      const float* x, const float* qr, int64_t T, int64_t pos0, cudaStream_t s,
+                      const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0, cudaStream_t s,
                       cudaStream_t qr_from) {
   const dsv4::ModelConfig& c = m.config;
   AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, s));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
   if (qr_from != s) AFF_RETURN_IF_ERROR(stream_after(s, qr_from, st.qr_ready));
-  AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
+  if (q_norm != nullptr) AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), s));
+  else AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
   AFF_RETURN_IF_ERROR(
       rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), s));
   IndexerScoreArgs a;
@@ -174,6 +199,28 @@ Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {
   AFF_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(st.step.data(), &step, sizeof step, cudaMemcpyHostToDevice, st.stream.get()));
   return Status::ok();
+}
+
+// Why only there: the mHC site before the query path is pure latency, and the
+// query path's first three projections (38 MB at V4 size) then read L2.
+// Prefetching wo_a / wo_b during attention, the shared expert during the
+// second mHC site, or the next layer's query weights during the MoE measured
+// no gain or a loss (docs/BENCHMARKS.md).
+Status gpu_prefetch_query_weights(const DeviceModel& m, int l, GpuState& st, int64_t T) {
+  const DeviceAttention& w = m.layers[size_t(l)].attn;
+  if (!beside(!linear_uses_gemm(w.wq_a, T)) || !ahead_enabled()) return Status::ok();
+  L2Ranges r;
+  for (const DeviceLinear* p : {&w.wq_a, &w.wkv, &w.wq_b}) r.add(p->weight, weight_bytes(*p));
+  AFF_RETURN_IF_ERROR(stream_after(st.ahead.get(), st.stream.get(), st.ahead_fork));
+  AFF_RETURN_IF_ERROR(l2_prefetch_ranges(r, st.ahead.get()));
+  st.ahead_pending = true;
+  return Status::ok();
+}
+
+Status gpu_prefetch_join(GpuState& st) {
+  if (!st.ahead_pending) return Status::ok();
+  st.ahead_pending = false;
+  return stream_after(st.stream.get(), st.ahead.get(), st.ahead_join);
 }
 
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
@@ -243,20 +290,29 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
     prof_mark(s, "attn.wq_a");
   }
-  AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
+  // Decode: q_norm is folded into the launches that read qr (wq_b and the
+  // indexer's wq_b), one launch fewer on the query path.
+  auto gemv_normable = [&](const DeviceLinear& p) {
+    return !linear_uses_gemm(p, T) && gemv_mma_takes(p, 0, (p.out + 15) / 16 * 16);
+  };
+  const bool fold_q_norm = w.q_norm != nullptr && gemv_normable(w.wq_b) &&
+                           (!compressed || !w.indexer.present || gemv_normable(w.indexer.wq_b));
+  if (!fold_q_norm) AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
   // The compressed entries and the indexer's selection (on `side`: enqueued
   // here, after qr's norm, so the indexer's wait on s covers it).
   auto entries = [&]() -> Status {
     AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, side));
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
-      AFF_RETURN_IF_ERROR(indexer_select(m, w.indexer, ls, st, x, qr, T, pos0, side, s));
+      AFF_RETURN_IF_ERROR(
+          indexer_select(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, side, s));
       prof_mark(s, "attn.indexer");
     }
     return Status::ok();
   };
   if (fork) AFF_RETURN_IF_ERROR(entries());
-  AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
+  if (fold_q_norm) AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
+  else AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   prof_mark(s, "attn.q_norm+wq_b");
   if (!paired) {
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
@@ -291,8 +347,12 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   a.precision = mma_precision(), a.out = ws.o.as<float>();
   // Key-split partials borrow the MoE pair outputs, which are dead until gpu_moe.
   a.scratch = ws.y_pairs.as<float>(), a.scratch_floats = int64_t(ws.y_pairs.bytes() / sizeof(float));
+  // V carried RoPE on its tail: the output is rotated back by the query's
+  // angle (in the key-split merge where there is one).
+  a.unrope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
+  a.rope_dim = rd;
   AFF_RETURN_IF_ERROR(attention_sparse(a, s));
-  prof_mark(s, "attn.core");
+  prof_mark(s, "attn.core+unrope");
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
   RingStoreArgs rs;
@@ -309,10 +369,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     AFF_RETURN_IF_ERROR(ring_store(rs, s));
   }
 
-  // V carried RoPE on its tail: rotate back by the query's angle.
-  float* o = ws.o.as<float>();
-  AFF_RETURN_IF_ERROR(rope_f32(rope_rows(o, T * H, Dh, st, compressed, rd, H, true), s));
-  prof_mark(s, "attn.ring+unrope");
+  const float* o = ws.o.as<float>();
 
   // Grouped low-rank output: group g's heads through rows [g*R, (g+1)*R) of wo_a.
   const int G = c.o_groups;
@@ -371,7 +428,6 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
   }
   if (!no_routed) {
-    AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
     RouterArgs r;
     r.logits = ws.router_logits.as<float>();
     r.bias = w.tid2eid ? nullptr : w.gate_bias;
@@ -382,7 +438,13 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
                                            : ScoreFunc::kSqrtSoftplus;
     r.scaling = float(c.routed_scaling_factor);
     r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
-    AFF_RETURN_IF_ERROR(router_topk(r, s));
+    // Decode: gate and top-k in one launch.
+    if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {
+      AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s));
+    } else {
+      AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
+      AFF_RETURN_IF_ERROR(router_topk(r, s));
+    }
     prof_mark(s, "moe.router");
   }
   if (split) {

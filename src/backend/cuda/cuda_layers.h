@@ -47,4 +47,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
                bool no_routed, float* out);
 
+// Decode-sized chunks, at the start of layer l: asks L2 for the query path's
+// weights (wq_a, wkv, wq_b) on st.ahead while the mHC site, which reads
+// almost nothing from HBM, runs on st.stream. gpu_prefetch_join puts the
+// step's stream after the prefetches (once, at the end of the layers).
+Status gpu_prefetch_query_weights(const DeviceModel& m, int l, GpuState& st, int64_t T);
+Status gpu_prefetch_join(GpuState& st);
+
 }  // namespace aff::cuda

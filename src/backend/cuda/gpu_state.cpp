@@ -251,6 +251,9 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_ASSIGN_OR_RETURN(st->fork, Event::create());
   AFF_ASSIGN_OR_RETURN(st->qr_ready, Event::create());
   AFF_ASSIGN_OR_RETURN(st->join, Event::create());
+  AFF_ASSIGN_OR_RETURN(st->ahead, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->ahead_fork, Event::create());
+  AFF_ASSIGN_OR_RETURN(st->ahead_join, Event::create());
 
   int64_t max_idx_entries = 1;
   st->layers.resize(model.layers.size());
@@ -295,6 +298,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
       alloc(w.hc_partials, T * hc_fused_blocks(D) * ((2 + hc) * hc + 1 + hc * (hc + 1) / 2), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.hc_tickets, 2 * T, 4, "workspace"));
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.hc_tickets.data(), 0, w.hc_tickets.bytes()), "cudaMemset"));
+  AFF_RETURN_IF_ERROR(alloc(w.router_ticket, 1, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.router_ticket.data(), 0, w.router_ticket.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.qr, T * c.q_lora_rank, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));

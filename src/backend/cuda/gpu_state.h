@@ -94,6 +94,7 @@ struct Workspace {
   DeviceBuffer scores;                  // [T, max indexer entries]
   DeviceBuffer sel, sel_count;          // i32 [T, index_topk], i32 [T]
   DeviceBuffer router_logits;           // [T, E]
+  DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
   DeviceBuffer route_ids;               // i32 [T, k]
   DeviceBuffer route_w;                 // [T, k]
   DeviceBuffer act;                     // [T*k, moe_inter]
@@ -122,6 +123,11 @@ class GpuState {
   // before attention.
   Stream side;
   Event fork, qr_ready, join;
+  // Decode: L2 prefetches of weights a few kernels ahead of their readers run
+  // on `ahead` (forked where they should start, joined once at the step's end).
+  Stream ahead;
+  Event ahead_fork, ahead_join;
+  bool ahead_pending = false;
   DeviceBuffer step;           // StepInfo of the chunk being run (runtime/step_info.h)
   std::vector<GpuLayerState> layers;
   DeviceBuffer rope_main;      // [rope_dim/2] inverse frequencies, sliding layers

@@ -53,6 +53,12 @@ struct AttentionArgs {
   // than one split's worth per query the keys are not split.
   float* scratch = nullptr;
   int64_t scratch_floats = 0;
+  // Set: the output's trailing rope_dim channels are rotated back by query t's
+  // angle (position step->pos0 + t, frequencies [rope_dim / 2]), as rope_f32
+  // with inverse = true would do after the call (V carried RoPE on its tail).
+  // The key-split merge does it as it writes; otherwise rope_f32 runs.
+  const float* unrope_freq = nullptr;
+  int rope_dim = 0;
 };
 
 // out[t, h] = sum_i softmax_i(q . k_i * scale; sink) k_i, with the sink in the

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
@@ -398,7 +399,17 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_f32_sm90(Attent
         acc.z = fmaf(v[i].z, w, acc.z), acc.w = fmaf(v[i].w, w, acc.w);
       }
     }
-    *reinterpret_cast<float4*>(a.out + (t * a.H + h) * a.Dh + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    float4 o = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    const int r0 = d - (a.Dh - a.rope_dim);  // channel in the rope tail (pairs (r0, r0 + 1), (r0 + 2, r0 + 3))
+    if (a.unrope_freq != nullptr && r0 >= 0) {  // rope_f32's arithmetic with inverse = true
+      const float pos = float(a.step->pos0 + t);
+      float s0, c0, s1, c1;
+      sincosf(pos * a.unrope_freq[r0 / 2], &s0, &c0);
+      sincosf(pos * a.unrope_freq[r0 / 2 + 1], &s1, &c1);
+      s0 = -s0, s1 = -s1;
+      o = make_float4(o.x * c0 - o.y * s0, o.y * c0 + o.x * s0, o.z * c1 - o.w * s1, o.w * c1 + o.z * s1);
+    }
+    *reinterpret_cast<float4*>(a.out + (t * a.H + h) * a.Dh + d) = o;
   }
 }
 
@@ -497,10 +508,21 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   const bool few = a.T <= kFewQueries, split = a.precision == MmaPrecision::kBf16x3;
   AFF_RETURN_IF_ERROR(split ? (few ? launch_nt<true, 1>(a, p, stream) : launch_nt<true, 4>(a, p, stream))
                             : (few ? launch_nt<false, 1>(a, p, stream) : launch_nt<false, 4>(a, p, stream)));
-  if (p.splits == 1) return Status::ok();
-  const cudaError_t e = launch_pdl(attention_merge_f32_sm90, dim3(unsigned(a.T), unsigned(a.H)), dim3(kMergeThreads), 0,
-                                     stream, a, p.splits);
-  return cuda_status(e, "attention_merge_f32_sm90");
+  // The merge rotates whole float4s of the rope tail; other tails (and
+  // unsplit launches) take rope_f32 afterwards.
+  AttentionArgs m = a;
+  const bool merge_unrope = a.unrope_freq != nullptr && p.splits > 1 && a.rope_dim % 4 == 0 && a.rope_dim <= a.Dh;
+  if (!merge_unrope) m.unrope_freq = nullptr;
+  if (p.splits > 1) {
+    const cudaError_t e = launch_pdl(attention_merge_f32_sm90, dim3(unsigned(a.T), unsigned(a.H)),
+                                     dim3(kMergeThreads), 0, stream, m, p.splits);
+    AFF_RETURN_IF_ERROR(cuda_status(e, "attention_merge_f32_sm90"));
+  }
+  if (a.unrope_freq == nullptr || merge_unrope) return Status::ok();
+  RopeArgs r;
+  r.x = a.out, r.rows = a.T * a.H, r.stride = a.Dh, r.offset = a.Dh - a.rope_dim;
+  r.inv_freq = a.unrope_freq, r.half = a.rope_dim / 2, r.rows_per_pos = a.H, r.step = a.step, r.inverse = true;
+  return rope_f32(r, stream);
 }
 
 }  // namespace aff::cuda

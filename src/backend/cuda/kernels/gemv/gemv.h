@@ -45,6 +45,11 @@ void gemv_set_native_perm(bool on);
 bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
 Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
                 float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, cudaStream_t stream);
+// y: [T, w.out] = rmsnorm(x) W^T with x: [T, w.in] packed, where row t of
+// rmsnorm(x) is norm * x_t / sqrt(mean(x_t^2) + eps) (norm: [w.in]), as
+// rmsnorm_f32 computes it: the norm folded into the projection's launch.
+Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
+                       cudaStream_t stream);
 // Two projections of the same x in one launch (w1's rows, then w2's, as if
 // stacked): y1 [T, w1.out] (token t at y1 + t*ldy1) = x W1^T and y2 [T, w2.out]
 // = x W2^T, each with gemv_mma's arithmetic. Needs both supported, the same

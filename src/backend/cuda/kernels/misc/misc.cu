@@ -6,6 +6,7 @@
 #include <cfloat>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/l2_prefetch.cuh"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
@@ -25,6 +26,22 @@ __global__ void embed_f32_sm90(const uint8_t* table, DevFormat format, const int
   else if (format == DevFormat::kBF16) v = bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(table)[src]);
   else v = f16_bits_to_f32(reinterpret_cast<const uint16_t*>(table)[src]);
   for (int j = 0; j < hc; ++j) h[(t * hc + j) * D + d] = v;
+}
+
+// Thread i of the grid takes the 64 KB pieces i, i + threads, ... of the ranges.
+constexpr int kPrefetchBlocks = 8;
+constexpr int64_t kPrefetchPiece = 64 * 1024;
+__global__ void l2_prefetch_sm90(L2Ranges r) {
+  const int64_t nt = int64_t(gridDim.x) * blockDim.x, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t first = 0;  // global index of range j's first piece
+  for (int j = 0; j < r.n; ++j) {
+    const int64_t pieces = (r.bytes[j] + kPrefetchPiece - 1) / kPrefetchPiece;
+    for (int64_t q = ((i - first) % nt + nt) % nt; q < pieces; q += nt) {
+      const int64_t off = q * kPrefetchPiece;
+      l2_prefetch(static_cast<const uint8_t*>(r.p[j]) + off, min(kPrefetchPiece, r.bytes[j] - off));
+    }
+    first += pieces;
+  }
 }
 
 constexpr int kArgmaxThreads = 1024;
@@ -94,6 +111,12 @@ Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaSt
   if (rows == 0) return Status::ok();
   const cudaError_t e = launch_pdl(argmax_f32_sm90, dim3(unsigned(rows)), dim3(kArgmaxThreads), 0, stream, x, n, out);
   return cuda_status(e, "argmax_f32_sm90");
+}
+
+Status l2_prefetch_ranges(const L2Ranges& r, cudaStream_t stream) {
+  if (r.n == 0) return Status::ok();
+  l2_prefetch_sm90<<<kPrefetchBlocks, 32, 0, stream>>>(r);
+  return launch_status("l2_prefetch_sm90");
 }
 
 }  // namespace aff::cuda

@@ -31,6 +31,13 @@ struct RouterArgs {
 // unbiased scores: w_i = s_i / (sum_selected s + 1e-20) * scaling.
 Status router_topk(const RouterArgs& a, cudaStream_t stream);
 
+// Decode (T <= 8): the router gate (BF16 or F32 [E, D], the logits into
+// a.logits) and router_topk in one launch; ticket: one u32, zero between
+// launches (the kernel leaves it zero).
+bool router_gate_topk_supports(const RouterArgs& a, const DeviceLinear& gate);
+Status router_gate_topk(const RouterArgs& a, const DeviceLinear& gate, const float* x, unsigned* ticket,
+                        cudaStream_t stream);
+
 struct ExpertFfnArgs {
   const ExpertSlot* slots = nullptr;  // device table, indexed by expert id
   DevFormat format = DevFormat::kMXFP4;  // storage of every expert in the table

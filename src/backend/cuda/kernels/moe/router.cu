@@ -16,15 +16,12 @@ __device__ __forceinline__ float score_of(ScoreFunc f, float x) {
   return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
 }
 
-__global__ void router_topk_f32_sm90(RouterArgs a) {
-  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  extern __shared__ float smem[];
-  float* s = smem;          // [E] scores
-  float* biased = smem + a.E;  // [E] selection keys
-  const int lane = threadIdx.x;
-  const int64_t t = blockIdx.x;
-  const float* lg = a.logits + t * a.E;
-
+// One warp routes token t from its logits lg: [E] (global or shared memory):
+// scores, k picks of score + bias (ties: lower id) or the hash table's, and
+// the normalised weights into a.ids / a.weights. s, biased: [E] shared
+// scratch of this warp; sel: [32] shared.
+__device__ void route_token(const RouterArgs& a, int64_t t, const float* lg, float* s, float* biased, int32_t* sel) {
+  const int lane = threadIdx.x & 31;
   if (a.func == ScoreFunc::kSoftmax) {
     float m = -FLT_MAX;
     for (int e = lane; e < a.E; e += 32) m = fmaxf(m, lg[e]);
@@ -44,7 +41,6 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
 
   // The picks stay in shared memory: reading them back from the global output
   // costs an L2 round trip per expert.
-  __shared__ int32_t sel[32];
   if (a.tid2eid) {
     if (lane < a.k) sel[lane] = a.tid2eid[int64_t(a.tokens[t]) * a.k + lane];
   } else {
@@ -80,6 +76,101 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
   }
 }
 
+__global__ void router_topk_f32_sm90(RouterArgs a) {
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  extern __shared__ float smem[];
+  __shared__ int32_t sel[32];
+  route_token(a, blockIdx.x, a.logits + int64_t(blockIdx.x) * a.E, smem, smem + a.E, sel);
+}
+
+// Decode router in one launch: warp e of the grid computes gate row e against
+// every token (f32 FMAs on the stored BF16 or F32 values, 16-byte streaming
+// loads, the first batch issued before the wait), writes the logits, and the
+// last block to finish (a ticket, reset for the next launch) routes the
+// tokens, warp t taking token t. One launch instead of a GEMV and a top-k.
+constexpr int kGateWarps = 8;
+constexpr int kGateBatch = 8;  // 16-byte loads in flight per lane
+template <bool kBf16>
+__global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterArgs a, const uint8_t* gate, int64_t D,
+                                                                         const float* x, unsigned* ticket) {
+  extern __shared__ float smem[];  // per warp: [E] scores, [E] keys; then [T, E] logits
+  __shared__ int32_t sel[kGateWarps][32];
+  __shared__ bool last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int e = int(blockIdx.x) * kGateWarps + warp;
+  const bool row_ok = e < a.E;
+  constexpr int kPer = kBf16 ? 8 : 4;  // values per 16-byte load
+  const int64_t n16 = D / kPer;
+  const uint8_t* row = gate + (row_ok ? int64_t(e) : 0) * D * (kBf16 ? 2 : 4);
+  uint4 wv[kGateBatch];
+#pragma unroll
+  for (int j = 0; j < kGateBatch; ++j)
+    if (row_ok && lane + 32 * j < n16) wv[j] = ld_stream16(row + (int64_t(lane) + 32 * j) * 16);
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous kernel's output
+
+  const int T = int(a.T);
+  float acc[kGateWarps] = {};
+  for (int64_t base = 0; base < n16; base += 32 * kGateBatch) {
+    if (base > 0) {
+#pragma unroll
+      for (int j = 0; j < kGateBatch; ++j)
+        if (row_ok && base + lane + 32 * j < n16) wv[j] = ld_stream16(row + (base + lane + 32 * j) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < kGateBatch; ++j) {
+      const int64_t c = base + lane + 32 * j;
+      if (!row_ok || c >= n16) continue;
+      float wf[kPer];
+      const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kBf16) {
+          wf[2 * i] = __uint_as_float(u[i] << 16);
+          wf[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        } else {
+          wf[i] = __uint_as_float(u[i]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kGateWarps; ++t) {
+        if (t >= T) break;
+        const float4* xp = reinterpret_cast<const float4*>(x + int64_t(t) * D + c * kPer);
+#pragma unroll
+        for (int q = 0; q < kPer / 4; ++q) {
+          const float4 xv = xp[q];
+          acc[t] = fmaf(wf[4 * q], xv.x, acc[t]);
+          acc[t] = fmaf(wf[4 * q + 1], xv.y, acc[t]);
+          acc[t] = fmaf(wf[4 * q + 2], xv.z, acc[t]);
+          acc[t] = fmaf(wf[4 * q + 3], xv.w, acc[t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGateWarps; ++t) {
+    if (t >= T) break;
+    const float v = warp_sum(acc[t]);
+    if (lane == 0 && row_ok) const_cast<float*>(a.logits)[int64_t(t) * a.E + e] = v;
+  }
+
+  // The last block routes: every block's logits are visible to it after the
+  // fence before its ticket and the fence after (the usual last-block pattern).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float* lg = smem + 2 * kGateWarps * a.E;
+  for (int i = threadIdx.x; i < T * a.E; i += blockDim.x) lg[i] = __ldcg(a.logits + i);
+  if (threadIdx.x == 0) *ticket = 0u;
+  __syncthreads();
+  if (warp < T) route_token(a, warp, lg + int64_t(warp) * a.E, smem + 2 * warp * a.E, smem + (2 * warp + 1) * a.E, sel[warp]);
+}
+
 }  // namespace
 
 Status router_topk(const RouterArgs& a, cudaStream_t stream) {
@@ -89,6 +180,27 @@ Status router_topk(const RouterArgs& a, cudaStream_t stream) {
   if (smem > 48 * 1024) return internal_error("router_topk: too many experts for shared memory");
   const cudaError_t e = launch_pdl(router_topk_f32_sm90, dim3(unsigned(a.T)), dim3(32), smem, stream, a);
   return cuda_status(e, "router_topk_f32_sm90");
+}
+
+namespace {
+size_t gate_topk_smem(const RouterArgs& a) { return size_t(2 * kGateWarps + a.T) * size_t(a.E) * sizeof(float); }
+}  // namespace
+
+bool router_gate_topk_supports(const RouterArgs& a, const DeviceLinear& gate) {
+  const bool bf16 = gate.format == DevFormat::kBF16, f32 = gate.format == DevFormat::kF32;
+  return (bf16 || f32) && a.T >= 1 && a.T <= kGateWarps && a.k >= 1 && a.k <= 32 && a.k <= a.E &&
+         gate.out == a.E && gate.in % ((bf16 ? 8 : 4) * 32) == 0 && reinterpret_cast<uintptr_t>(gate.weight) % 16 == 0 &&
+         gate_topk_smem(a) <= 48 * 1024;
+}
+
+Status router_gate_topk(const RouterArgs& a, const DeviceLinear& gate, const float* x, unsigned* ticket,
+                        cudaStream_t stream) {
+  if (!router_gate_topk_supports(a, gate)) return internal_error("router_gate_topk: unsupported shape or format");
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return internal_error("router_gate_topk: x must be 16-byte aligned");
+  const dim3 grid(unsigned((a.E + kGateWarps - 1) / kGateWarps)), block(kGateWarps * 32);
+  const auto kernel = gate.format == DevFormat::kBF16 ? router_gate_topk_sm90<true> : router_gate_topk_sm90<false>;
+  const cudaError_t e = launch_pdl(kernel, grid, block, gate_topk_smem(a), stream, a, gate.weight, gate.in, x, ticket);
+  return cuda_status(e, "router_gate_topk_sm90");
 }
 
 }  // namespace aff::cuda
