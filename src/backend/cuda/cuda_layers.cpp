@@ -60,19 +60,6 @@ bool ahead_enabled() {
   return on;
 }
 
-// Bytes of a weight's stored values (scales left out: they are small).
-int64_t weight_bytes(const DeviceLinear& w) {
-  switch (w.format) {
-    case DevFormat::kF32: return w.out * w.in * 4;
-    case DevFormat::kBF16:
-    case DevFormat::kF16: return w.out * w.in * 2;
-    case DevFormat::kFP8Block: return w.out * w.in;
-    case DevFormat::kMXFP4: return w.out * w.in / 2;
-    case DevFormat::kGgml: return w.out * w.row_bytes;
-  }
-  return 0;
-}
-
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
@@ -210,7 +197,7 @@ Status gpu_prefetch_query_weights(const DeviceModel& m, int l, GpuState& st, int
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   if (!beside(!linear_uses_gemm(w.wq_a, T)) || !ahead_enabled()) return Status::ok();
   L2Ranges r;
-  for (const DeviceLinear* p : {&w.wq_a, &w.wkv, &w.wq_b}) r.add(p->weight, weight_bytes(*p));
+  for (const DeviceLinear* p : {&w.wq_a, &w.wkv, &w.wq_b}) r.add(p->weight, stored_bytes(*p));
   AFF_RETURN_IF_ERROR(stream_after(st.ahead.get(), st.stream.get(), st.ahead_fork));
   AFF_RETURN_IF_ERROR(l2_prefetch_ranges(r, st.ahead.get()));
   st.ahead_pending = true;

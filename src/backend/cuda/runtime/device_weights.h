@@ -40,6 +40,24 @@ struct DeviceLinear {
   const uint8_t* tables = nullptr;   // device GgmlTables
 };
 
+// Bytes of a weight's stored values (block scales not counted): what an L2
+// prefetch of the weight asks for. Host and device (kernels prefetch experts
+// they pick).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int64_t stored_bytes(const DeviceLinear& w) {
+  switch (w.format) {
+    case DevFormat::kF32: return w.out * w.in * 4;
+    case DevFormat::kBF16:
+    case DevFormat::kF16: return w.out * w.in * 2;
+    case DevFormat::kFP8Block: return w.out * w.in;
+    case DevFormat::kMXFP4: return w.out * w.in / 2;
+    case DevFormat::kGgml: return w.out * w.row_bytes;
+  }
+  return 0;
+}
+
 // An expert is three weights; a layer's experts live in a table of slots
 // indexed by expert id. The table is what kernels read, so an expert can be
 // moved (VRAM <-> pinned host memory) by rewriting its slot and nothing else.
