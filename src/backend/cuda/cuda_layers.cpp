@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <span>
 
@@ -20,6 +19,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/env_switch.h"
 #include "backend/cuda/runtime/profile.h"
 #include "backend/cuda/runtime/step_info.h"
 
@@ -39,10 +39,7 @@ int shared_sms_percent() {
 
 // AFF_CUDA_SIDE_STREAM=0 keeps a decode step on one stream (for comparisons).
 bool side_stream_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("AFF_CUDA_SIDE_STREAM");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_switch_on("AFF_CUDA_SIDE_STREAM");
   return on;
 }
 
@@ -53,10 +50,7 @@ bool beside(bool decode_sized) { return decode_sized && !profiling_enabled() && 
 
 // AFF_CUDA_L2_AHEAD=0 turns the query weights' L2 prefetch off (comparisons).
 bool ahead_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("AFF_CUDA_L2_AHEAD");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_switch_on("AFF_CUDA_L2_AHEAD");
   return on;
 }
 
@@ -260,14 +254,13 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (linear_uses_gemm(w.wq_a, T)) shared_x.emplace(x, c.hidden_size, T, c.hidden_size, s);
   // wq_a and wkv both read x: at decode sizes one launch serves both (a
   // launch's fixed cost is most of a small projection's time).
-  const bool paired = !linear_uses_gemm(w.wq_a, T) && !linear_uses_gemm(w.wkv, T) &&
-                      gemv_mma_takes(w.wq_a, 0, (w.wq_a.out + 15) / 16 * 16) &&
-                      gemv_mma_takes(w.wkv, 0, (w.wkv.out + 15) / 16 * 16) &&
-                      gemv_mma_pair_supports(w.wq_a, w.wkv);
+  const bool paired = !linear_uses_gemm(w.wq_a, T) && !linear_uses_gemm(w.wkv, T) && gemv_mma_takes_all(w.wq_a) &&
+                      gemv_mma_takes_all(w.wkv) && gemv_mma_pair_supports(w.wq_a, w.wkv);
   if (compressed && !w.compressor.present) return internal_error("attention: compressed layer without a compressor");
-  // Decode sizes: the compressors and the indexer (which read only x, and qr
-  // once it is made) run on the side stream beside the query path.
-  const bool fork = compressed && beside(!linear_uses_gemm(w.wq_a, T));
+  // Decode sizes: short chains run on the side stream (the compressors and the
+  // indexer beside the query path, the ring store beside the output projections).
+  const bool side_ok = beside(!linear_uses_gemm(w.wq_a, T));
+  const bool fork = compressed && side_ok;
   cudaStream_t side = fork ? st.side.get() : s;
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (paired) {
@@ -280,7 +273,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // Decode: q_norm is folded into the launches that read qr (wq_b and the
   // indexer's wq_b), one launch fewer on the query path.
   auto gemv_normable = [&](const DeviceLinear& p) {
-    return !linear_uses_gemm(p, T) && gemv_mma_takes(p, 0, (p.out + 15) / 16 * 16);
+    return !linear_uses_gemm(p, T) && gemv_mma_takes_all(p);
   };
   const bool fold_q_norm = w.q_norm != nullptr && gemv_normable(w.wq_b) &&
                            (!compressed || !w.indexer.present || gemv_normable(w.indexer.wq_b));
@@ -348,8 +341,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   rs.width = Dh;
   // Nothing after it in this layer reads the ring: at decode sizes it runs on
   // the side stream beside the output projections, joined at the end.
-  const bool ring_beside = beside(!linear_uses_gemm(w.wq_a, T));
-  if (ring_beside) {
+  if (side_ok) {
     AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
     AFF_RETURN_IF_ERROR(ring_store(rs, st.side.get()));
   } else {
@@ -372,7 +364,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   prof_mark(s, "attn.wo_a");
   AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
   prof_mark(s, "attn.wo_b");
-  if (ring_beside) AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
+  if (side_ok) AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
   return Status::ok();
 }
 

@@ -1,9 +1,9 @@
 #include "backend/cuda/decode_graph.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/env_switch.h"
 
 namespace aff::cuda {
 
@@ -78,9 +78,6 @@ Status DecodeGraph::launch(cudaStream_t stream, const DecodeGraphKey& key) const
   return Status::ok();
 }
 
-bool decode_graph_enabled() {
-  const char* v = std::getenv("AFF_CUDA_GRAPH");
-  return !(v && std::strcmp(v, "0") == 0);
-}
+bool decode_graph_enabled() { return env_switch_on("AFF_CUDA_GRAPH"); }
 
 }  // namespace aff::cuda

@@ -94,6 +94,11 @@ __device__ __forceinline__ float decode_scale(const DeviceLinear& w, uint32_t ra
   }
 }
 
+// 1 / rms of a row of n values from their sum of squares: the one formula
+// every RMS norm of the forward pass uses (the reference's rsqrt(mean + eps),
+// as an IEEE division of a square root so GPU and CPU round alike).
+__device__ __forceinline__ float rms_inv(float sum_sq, float n, float eps) { return 1.0f / sqrtf(sum_sq / n + eps); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorP
   float total = 0.0f;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  const float inv = 1.0f / sqrtf(total / float(a.dim) + a.eps);
+  const float inv = rms_inv(total, float(a.dim), a.eps);
   for (int ch = threadIdx.x; ch < a.dim; ch += kThreads) row[ch] = a.norm[ch] * (row[ch] * inv);
   __syncthreads();
   // RoPE on the trailing rope_dim dims at the entry's first position, with the

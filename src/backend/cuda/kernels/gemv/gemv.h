@@ -64,6 +64,9 @@ Status gemv_mma_prepare();
 // weights go there only with AFF_CUDA_BF16_MMA=1 (that form passes the GPU
 // tests but measured no faster than gemv_any on the decode path).
 bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
+// gemv_mma_takes for all of w's rows as one group (a plain projection, as
+// gemv_mma_pair and gemv_mma_normed run it).
+bool gemv_mma_takes_all(const DeviceLinear& w);
 
 // y: [T, w.out] = x: [T, w.in] times W^T (all rows, packed).
 inline Status gemv_f32(const DeviceLinear& w, const float* x, int64_t T, float* y, cudaStream_t stream) {

@@ -58,6 +58,7 @@ namespace aff::cuda {
 namespace {
 
 constexpr int kTile = 16;          // weight rows per warp tile (the MMA's M)
+int64_t round_up16(int64_t n) { return (n + kTile - 1) / kTile * kTile; }
 constexpr int kMaxTok = 8;         // tokens per launch (the MMA's N)
 constexpr int kMaxWarps = 16;
 constexpr int kPad = 8;            // 16-bit values after each staged token row: rows start 16 bytes apart mod 128
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
       float ss = 0.0f;
       for (int64_t k = lane; k < K; k += 32) ss = fmaf(xr[k], xr[k], ss);
       ss = warp_sum(ss);
-      if (lane == 0) xscale[t] = 1.0f / sqrtf(ss / float(K) + a.eps);
+      if (lane == 0) xscale[t] = rms_inv(ss, float(K), a.eps);
     }
     __syncthreads();
   }
@@ -376,6 +377,8 @@ bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_g
   return (w.format != DevFormat::kBF16 || bf16_routed) && gemv_mma_supports(w, row_begin, rows_per_group);
 }
 
+bool gemv_mma_takes_all(const DeviceLinear& w) { return gemv_mma_takes(w, 0, round_up16(w.out)); }
+
 Status gemv_mma_prepare() {
   for (bool exact : {true, false})
     for (bool bf16 : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, bf16)));
@@ -437,14 +440,11 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
                        cudaStream_t stream) {
   if (T <= 0) return Status::ok();
-  const int64_t whole = (w.out + kTile - 1) / kTile * kTile;  // one group: every row reads x
+  const int64_t whole = round_up16(w.out);  // one group: every row reads x
   if (!gemv_mma_supports(w, 0, whole) || norm == nullptr) return internal_error("gemv_mma_normed: unsupported weight");
   return launch_mma(w, 0, w.out, x, w.in, T, y, w.out, whole, 0, nullptr, nullptr, 0, stream, norm, eps);
 }
 
-namespace {
-int64_t round_up16(int64_t n) { return (n + kTile - 1) / kTile * kTile; }
-}  // namespace
 
 bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2) {
   return gemv_mma_supports(w1, 0, round_up16(w1.out + w2.out)) && gemv_mma_supports(w2, 0, round_up16(w2.out)) && w1.out % kTile == 0 &&

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const float inv = 1.0f / sqrtf(coef[n_mix] / float(width) + a.norm_eps);
+    const float inv = rms_inv(coef[n_mix], float(width), a.norm_eps);
     __syncwarp();
     for (int r = lane; r < n_mix; r += 32) mix[r] = coef[r] * inv;
     __syncwarp();
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) hc_fused_f32_sm90(HcFusedArgs a) {
   }
   if (!a.x_norm) return;
   xs = block_sum<kThreads>(xs, red);
-  const float inv = 1.0f / sqrtf(xs / float(D) + a.norm_eps);
+  const float inv = rms_inv(xs, float(D), a.norm_eps);
   for (int64_t c = threadIdx.x; c < D; c += kThreads) x[c] = a.x_norm[c] * (x[c] * inv);
 }
 
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
         for (int k = j; k < HC; ++k, ++g)
           if (j == k) ss += tot[g];
     }
-    const float inv = 1.0f / sqrtf(ss / float(width) + a.norm_eps);
+    const float inv = rms_inv(ss, float(width), a.norm_eps);
     if (lane < NMIX) mix[lane] = tot[lane] * inv;
     __syncwarp();
     hc_coefficients_warp(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb);
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   float x = 0.0f;
 #pragma unroll
   for (int j = 0; j < HC; ++j) x = fmaf(coef[j], v[j], x);
-  if (a.x_norm) x = a.x_norm[d] * (x * (1.0f / sqrtf(fmaxf(tot[0], 0.0f) / float(D) + a.norm_eps)));
+  if (a.x_norm) x = a.x_norm[d] * (x * rms_inv(fmaxf(tot[0], 0.0f), float(D), a.norm_eps));
   a.x[t * D + d] = x;
 }
 
@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(kPfThreads, 2) hc_prefill_f32_sm90(HcFusedArgs
   // other variants: mixes scaled by the flatten norm, hc_coefficients_warp).
   for (int tt = warp; tt < nt; tt += kPfWarps) {
     const int64_t t = t0 + tt;
-    const float inv = 1.0f / sqrtf(tot_s[tt][NMIX] / float(width) + a.norm_eps);
+    const float inv = rms_inv(tot_s[tt][NMIX], float(width), a.norm_eps);
     for (int r = lane; r < NMIX; r += 32) mix_s[warp][r] = tot_s[tt][r] * inv;
     __syncwarp();
     hc_coefficients_warp(mix_s[warp], a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, pre_s[tt],
@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(kPfThreads, 2) hc_prefill_f32_sm90(HcFusedArgs
     }
     if (a.x_norm) {
       xs = block_sum<kPfThreads>(xs, red);
-      const float inv = 1.0f / sqrtf(xs / float(D) + a.norm_eps);
+      const float inv = rms_inv(xs, float(D), a.norm_eps);
 #pragma unroll
       for (int i = 0; i < kPfMaxGroups; ++i) {
         const int64_t c = 4 * (int64_t(tid) + int64_t(kPfThreads) * i);

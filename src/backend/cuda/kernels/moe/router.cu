@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (kBf16) {
-          wf[2 * i] = __uint_as_float(u[i] << 16);
-          wf[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+          wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
+          wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
         } else {
           wf[i] = __uint_as_float(u[i]);
         }

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_f32_sm90(const float* x, flo
   float total = 0.0f;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  const float inv = 1.0f / sqrtf(total / float(n) + eps);
+  const float inv = rms_inv(total, float(n), eps);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     const float v = xr[i] * inv;
     yr[i] = weight ? weight[i] * v : v;

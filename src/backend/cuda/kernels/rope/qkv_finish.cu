@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) qkv_finish_f32_sm90(QkvFinishArgs a)
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) total += red[w];
-    scale = 1.0f / sqrtf(total / float(len) + a.eps);
+    scale = rms_inv(total, float(len), a.eps);
   }
   __syncthreads();
   const int off = len - a.rope_dim;
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kRowThreads, 4) qkv_finish_rows_f32_sm90(QkvFi
         ss = fmaf(v[k].z, v[k].z, ss);
         ss = fmaf(v[k].w, v[k].w, ss);
       }
-      scale = 1.0f / sqrtf(warp_sum(ss) / float(len) + a.eps);
+      scale = rms_inv(warp_sum(ss), float(len), a.eps);
     }
     float4* x = reinterpret_cast<float4*>(part.x + (t * part.rows_per_token + row) * len);
 #pragma unroll
