@@ -17,6 +17,7 @@
 
 #include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/device_weights.h"
 #include "quant/type_traits.h"
@@ -164,6 +165,29 @@ void bench_gemv(const Fmt& f, int64_t out, int64_t in, int T, const std::string&
   row("gemv " + what, std::to_string(in) + "->" + std::to_string(out), f.name, T, double(bytes), us);
 }
 
+// The same bytes through the plain streaming read (hbm_read_probe), then the
+// GEMV, each over rotating copies (HBM) and over one copy again and again (as
+// much as L2 keeps). The probe is what a kernel of that size can reach.
+void bench_floor(const Fmt& f, int64_t out, int64_t in, const std::string& what, float* x, float* y, uint32_t* sink,
+                 int64_t rows_per_group = 0, int64_t x_group_stride = 0) {
+  const size_t bytes = weight_bytes(f, out, in);
+  const int n = int(std::clamp<size_t>(kRotateBytes / bytes, 2, 64));
+  Copies c(f, out, in, n);
+  const std::string shape = std::to_string(in) + "->" + std::to_string(out);
+  auto gemv = [&](int i) {
+    const DeviceLinear& w = c.w[size_t(i)];
+    if (rows_per_group > 0) ok(gemv_mma(w, 0, w.out, x, x_group_stride * (w.out / rows_per_group), 1, y, w.out,
+                                        rows_per_group, x_group_stride, nullptr));
+    else ok(gemv_f32(w, x, 1, y, nullptr));
+  };
+  const double probe = median_us_per_launch(n, [&](int i) { ok(hbm_read_probe(c.w[size_t(i)].weight, int64_t(bytes) / 16 * 16, sink, nullptr)); });
+  row("read probe " + what, shape, f.name, 1, double(bytes), probe);
+  row("gemv " + what, shape, f.name, 1, double(bytes), median_us_per_launch(n, gemv));
+  const double probe_l2 = median_us_per_launch(n, [&](int) { ok(hbm_read_probe(c.w[0].weight, int64_t(bytes) / 16 * 16, sink, nullptr)); });
+  row("read probe, one copy " + what, shape, f.name, 1, double(bytes), probe_l2);
+  row("gemv, one copy " + what, shape, f.name, 1, double(bytes), median_us_per_launch(n, [&](int) { gemv(0); }));
+}
+
 // Full-geometry decode MoE: E experts (routed formats w13 for gate/up, w2 for
 // down) and an FP8 shared expert; every launch pair uses fresh expert ids.
 void bench_moe(const Fmt& w13, const Fmt& w2, int T, float* x, float* out) {
@@ -216,6 +240,7 @@ void bench_moe(const Fmt& w13, const Fmt& w2, int T, float* x, float* out) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool floors = argc > 1 && std::strcmp(argv[1], "--floors") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; median of %d batches; ceiling %.2f TB/s\n\n", prop.name, prop.multiProcessorCount,
@@ -227,6 +252,18 @@ int main(int argc, char** argv) {
   const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
   const Fmt bf16{"BF16", DevFormat::kBF16, GgmlType::kF32};
   const Fmt mxfp4{"MXFP4", DevFormat::kMXFP4, GgmlType::kF32};
+  if (floors) {  // the decode step's FP8 projections against the plain read of their bytes
+    uint32_t* sink = nullptr;
+    CK(cudaMalloc(&sink, 4));
+    bench_floor(fp8, 32768, 1024, "wq_b", x, y, sink);
+    bench_floor(fp8, 8192, 4096, "wo_a (8 groups)", x, y, sink, 1024, 4096);
+    bench_floor(fp8, 4096, 8192, "wo_b", x, y, sink);
+    bench_floor(fp8, 2048, 4096, "shared w1", x, y, sink);
+    bench_floor(fp8, 1024, 4096, "wq_a", x, y, sink);
+    bench_floor(fp8, 32768, 4096, "134 MB", x, y, sink);
+    cudaFree(sink);
+    return 0;
+  }
   // Dense attention/shared-expert shapes (FP8 block-scaled).
   bench_gemv(fp8, 32768, 4096, 1, "large", x, y);
   bench_gemv(fp8, 4096, 32768, 1, "large", x, y);

@@ -94,7 +94,7 @@ Status run_head_norm(const DeviceModel& model, GpuState& st, int n_layers, int64
 Status run_head_rows(const DeviceModel& model, GpuState& st, int64_t r, int64_t n) {
   if (n > kLogitRows) return internal_error("head: more rows than the logits workspace");
   const float* x = st.ws.x.as<float>() + r * model.config.hidden_size;
-  AFF_RETURN_IF_ERROR(linear(model.head, x, n, st.ws.logits.as<float>(), st.stream.get()));
+  if (!ablated("head")) AFF_RETURN_IF_ERROR(linear(model.head, x, n, st.ws.logits.as<float>(), st.stream.get()));
   prof_mark(st.stream.get(), "head.gemv");
   return Status::ok();
 }

@@ -74,17 +74,21 @@ RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool
 }
 
 // Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
-// finishes (norm, RoPE) every entry the chunk completes, on stream s. Nothing
-// here depends on the position on the host, so a captured decode step stays
-// valid.
+// finishes (norm, RoPE) every entry the chunk completes, on stream s. kv,
+// gate: [T, width] scratch for its two projections. Nothing here depends on
+// the position on the host, so a captured decode step stays valid.
 Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
-                      const float* x, int64_t T, int64_t pos0, cudaStream_t s) {
+                      const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s) {
   const int r = c.ratio, d = c.dim;
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d);
-  float* kv = st.ws.comp_kv.as<float>();
-  float* gate = st.ws.comp_gate.as<float>();
-  AFF_RETURN_IF_ERROR(linear(c.wkv, x, T, kv, s));
-  AFF_RETURN_IF_ERROR(linear(c.wgate, x, T, gate, s));
+  // Decode: both projections of x in one launch (each is a few microseconds
+  // of latency, and the chain they start is on the step's critical path).
+  if (!linear_uses_gemm(c.wkv, T) && !linear_uses_gemm(c.wgate, T) && gemv_mma_pair_supports(c.wkv, c.wgate)) {
+    AFF_RETURN_IF_ERROR(gemv_mma_pair(c.wkv, c.wgate, x, c.wkv.in, T, kv, width, gate, width, s));
+  } else {
+    AFF_RETURN_IF_ERROR(linear(c.wkv, x, T, kv, s));
+    AFF_RETURN_IF_ERROR(linear(c.wgate, x, T, gate, s));
+  }
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
@@ -102,22 +106,33 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   return ring_store(rs, s);
 }
 
-// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count, on
-// stream s. qr (the query path's low-rank query) is read only after
-// `qr_from`'s work so far, when qr_from is another stream. q_norm: null when
-// qr is already normalised, else its rmsnorm weight (folded into wq_b).
+// Where the indexer's three independent parts run: its compressor and then
+// the selection on `sel`, the head weights on `w`, the queries on `q` (which
+// reads qr only after `qr_from`'s work so far). Any of them may be the same
+// stream; the selection waits for the other two.
+struct IndexerStreams {
+  cudaStream_t sel, w, q, qr_from;
+};
+
+// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count.
+// q_norm: null when qr is already normalised, else its rmsnorm weight (folded
+// into wq_b).
 Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
-                      const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0, cudaStream_t s,
-                      cudaStream_t qr_from) {
+                      const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0,
+                      const IndexerStreams& ss) {
   const dsv4::ModelConfig& c = m.config;
-  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, s));
+  const cudaStream_t s = ss.sel;
+  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, st.ws.icomp_kv.as<float>(),
+                                     st.ws.icomp_gate.as<float>(), s));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
-  AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), s));
-  if (qr_from != s) AFF_RETURN_IF_ERROR(stream_after(s, qr_from, st.qr_ready));
-  if (q_norm != nullptr) AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), s));
-  else AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), s));
+  AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
+  if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
+  if (ss.qr_from != ss.q) AFF_RETURN_IF_ERROR(stream_after(ss.q, ss.qr_from, st.qr_ready));
+  if (q_norm != nullptr) AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), ss.q));
+  else AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), ss.q));
   AFF_RETURN_IF_ERROR(
-      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), s));
+      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), ss.q));
+  if (ss.q != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.q, st.iq_ready));
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
@@ -228,6 +243,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   f.x_norm = norm_weight, f.x = x;
   f.partials = st.ws.hc_partials.as<float>();
   f.tickets = st.ws.hc_tickets.as<unsigned>();
+  if (ablated("mhc")) return Status::ok();
   return hc_fused(f, st.stream.get());
 }
 
@@ -261,9 +277,13 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // indexer beside the query path, the ring store beside the output projections).
   const bool side_ok = beside(!linear_uses_gemm(w.wq_a, T));
   const bool fork = compressed && side_ok;
+  const bool fork_indexer = fork && w.indexer.present;
   cudaStream_t side = fork ? st.side.get() : s;
+  const IndexerStreams iss{fork_indexer ? st.side2.get() : s, side, fork_indexer ? st.side3.get() : s, s};
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
-  if (paired) {
+  if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.fork));
+  if (ablated("wq_a")) {
+  } else if (paired) {
     AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s));
     prof_mark(s, "attn.wq_a+wkv");
   } else {
@@ -278,20 +298,23 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool fold_q_norm = w.q_norm != nullptr && gemv_normable(w.wq_b) &&
                            (!compressed || !w.indexer.present || gemv_normable(w.indexer.wq_b));
   if (!fold_q_norm) AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
-  // The compressed entries and the indexer's selection (on `side`: enqueued
-  // here, after qr's norm, so the indexer's wait on s covers it).
+  // The compressed entries and the indexer's selection (beside s: enqueued
+  // here, after qr's launch, so the indexer's wait on s covers it).
   auto entries = [&]() -> Status {
-    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, side));
+    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, ws.comp_kv.as<float>(),
+                                       ws.comp_gate.as<float>(), side));
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(
-          indexer_select(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, side, s));
+          indexer_select(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss));
       prof_mark(s, "attn.indexer");
     }
     return Status::ok();
   };
-  if (fork) AFF_RETURN_IF_ERROR(entries());
-  if (fold_q_norm) AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
+  const bool entries_beside = fork && !ablated("entries");
+  if (entries_beside) AFF_RETURN_IF_ERROR(entries());
+  if (ablated("wq_b")) {
+  } else if (fold_q_norm) AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
   else AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   prof_mark(s, "attn.q_norm+wq_b");
   if (!paired) {
@@ -304,14 +327,19 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
-    AFF_RETURN_IF_ERROR(qkv_finish(f, s));
+    if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish(f, s));
     prof_mark(s, "attn.qkv_finish");
   }
 
   AttentionArgs a;
   if (compressed) {
-    if (fork) AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
-    else AFF_RETURN_IF_ERROR(entries());
+    if (fork) {
+      AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
+      if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(s, iss.sel, st.join2));
+      if (fork_indexer && entries_beside) AFF_RETURN_IF_ERROR(stream_after(s, iss.q, st.join3));
+    } else {
+      AFF_RETURN_IF_ERROR(entries());
+    }
     a.entries = ls.kv.entries.as<float>();
     a.entry_capacity = ls.kv.capacity;
     a.ratio = w.compressor.ratio;
@@ -331,7 +359,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // angle (in the key-split merge where there is one).
   a.unrope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   a.rope_dim = rd;
-  AFF_RETURN_IF_ERROR(attention_sparse(a, s));
+  if (!ablated("attn")) AFF_RETURN_IF_ERROR(attention_sparse(a, s));
   prof_mark(s, "attn.core+unrope");
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
@@ -343,7 +371,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // the side stream beside the output projections, joined at the end.
   if (side_ok) {
     AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
-    AFF_RETURN_IF_ERROR(ring_store(rs, st.side.get()));
+    if (!ablated("ring")) AFF_RETURN_IF_ERROR(ring_store(rs, st.side.get()));
   } else {
     AFF_RETURN_IF_ERROR(ring_store(rs, s));
   }
@@ -355,14 +383,15 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const int64_t R = c.o_lora_rank, group_in = int64_t(H / G) * Dh;
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
-  if (!linear_uses_gemm(w.wo_a, T) && gemv_mma_takes(w.wo_a, 0, R)) {
+  if (ablated("wo_a")) {
+  } else if (!linear_uses_gemm(w.wo_a, T) && gemv_mma_takes(w.wo_a, 0, R)) {
     // Decode: all groups in one launch (group g's rows read o's slice g).
     AFF_RETURN_IF_ERROR(gemv_mma(w.wo_a, 0, G * R, o, int64_t(H) * Dh, T, u, G * R, R, group_in, s));
   } else {
     AFF_RETURN_IF_ERROR(linear_grouped(w.wo_a, G, R, o, int64_t(H) * Dh, T, u, G * R, s));
   }
   prof_mark(s, "attn.wo_a");
-  AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
+  if (!ablated("wo_b")) AFF_RETURN_IF_ERROR(linear(w.wo_b, u, T, out, s));
   prof_mark(s, "attn.wo_b");
   if (side_ok) AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
   return Status::ok();
@@ -403,10 +432,12 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   if (split) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
-    AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
-    AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
+    if (!ablated("shared")) {
+      AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
+      AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
+    }
   }
-  if (!no_routed) {
+  if (!no_routed && !ablated("router")) {
     RouterArgs r;
     r.logits = ws.router_logits.as<float>();
     r.bias = w.tid2eid ? nullptr : w.gate_bias;
@@ -427,9 +458,9 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     prof_mark(s, "moe.router");
   }
   if (split) {
-    AFF_RETURN_IF_ERROR(moe_decode_up(routed, s));
+    if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed, s));
     AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
-    return moe_decode_down(routed, s);
+    return ablated("moe_down") ? Status::ok() : moe_decode_down(routed, s);
   }
   // Decode-sized batches otherwise: every routed pair and the shared expert in
   // one up and one down launch, the combine folded into the down launch.

@@ -248,9 +248,11 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   st->max_chunk = max_chunk;
   AFF_ASSIGN_OR_RETURN(st->stream, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->side, Stream::create());
-  AFF_ASSIGN_OR_RETURN(st->fork, Event::create());
-  AFF_ASSIGN_OR_RETURN(st->qr_ready, Event::create());
-  AFF_ASSIGN_OR_RETURN(st->join, Event::create());
+  AFF_ASSIGN_OR_RETURN(st->side2, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->side3, Stream::create());
+  for (Event* e : {&st->fork, &st->qr_ready, &st->iq_ready, &st->iw_ready, &st->join, &st->join2, &st->join3}) {
+    AFF_ASSIGN_OR_RETURN(*e, Event::create());
+  }
   AFF_ASSIGN_OR_RETURN(st->ahead, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->ahead_fork, Event::create());
   AFF_ASSIGN_OR_RETURN(st->ahead_join, Event::create());
@@ -308,6 +310,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   const int64_t comp_width = 2 * std::max<int64_t>(Dh, c.index_head_dim);
   AFF_RETURN_IF_ERROR(alloc(w.comp_kv, T * comp_width, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.comp_gate, T * comp_width, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.icomp_kv, T * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.icomp_gate, T * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.iq, T * int64_t(c.index_n_heads) * c.index_head_dim, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.iw, T * int64_t(c.index_n_heads), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.scores, T * max_idx_entries, 4, "indexer scores"));

@@ -89,6 +89,7 @@ struct Workspace {
   DeviceBuffer kv;                      // [T, Dh]
   DeviceBuffer u;                       // [T, o_groups * o_lora_rank]
   DeviceBuffer comp_kv, comp_gate;      // [T, 2 * max(Dh, index_head_dim)]
+  DeviceBuffer icomp_kv, icomp_gate;    // [T, 2 * index_head_dim] the indexer's compressor (runs beside comp_*)
   DeviceBuffer iq;                      // [T, index_n_heads, index_head_dim]
   DeviceBuffer iw;                      // [T, index_n_heads]
   DeviceBuffer scores;                  // [T, max indexer entries]
@@ -117,12 +118,13 @@ class GpuState {
   int64_t kv_committed = 0;    // positions whose caches are backed (grows, see gpu_state_reserve)
   int64_t max_chunk = 0;
   Stream stream;
-  // Decode of a compressed layer runs its compressors and indexer on `side`,
-  // beside the query path on `stream` (both short chains of latency-bound
-  // kernels): fork at the layer's start, the indexer's query after qr, join
-  // before attention.
-  Stream side;
-  Event fork, qr_ready, join;
+  // Decode of a compressed layer runs its compressors and indexer beside the
+  // query path on `stream` (short chains of latency-bound kernels): the
+  // attention's compressor and the indexer's head weights on `side`, the
+  // indexer's compressor and its selection on `side2`, the indexer's queries
+  // on `side3` (after qr). Fork at the layer's start, join before attention.
+  Stream side, side2, side3;
+  Event fork, qr_ready, iq_ready, iw_ready, join, join2, join3;
   // Decode: L2 prefetches of weights a few kernels ahead of their readers run
   // on `ahead` (forked where they should start, joined once at the step's end).
   Stream ahead;

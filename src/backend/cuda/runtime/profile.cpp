@@ -51,6 +51,14 @@ bool profiling_enabled() {
   return on;
 }
 
+bool ablated(const char* stage) {
+  static const std::string list = [] {
+    const char* v = std::getenv("AFF_CUDA_ABLATE");
+    return v ? "," + std::string(v) + "," : std::string();
+  }();
+  return !list.empty() && list.find("," + std::string(stage) + ",") != std::string::npos;
+}
+
 void prof_mark(cudaStream_t stream, const char* name) {
   if (!profiling_enabled()) return;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;

@@ -31,6 +31,12 @@ struct L2Ranges {
 };
 Status l2_prefetch_ranges(const L2Ranges& r, cudaStream_t stream);
 
+// The weight-streaming floor for benchmarks: reads bytes [0, n) at p (16-byte
+// aligned, n a multiple of 16) with the GEMVs' streaming load and folds them
+// into sink[0] (so the reads cannot be dropped). What a kernel of that size can
+// reach when it does nothing else.
+Status hbm_read_probe(const uint8_t* p, int64_t n, uint32_t* sink, cudaStream_t stream);
+
 // out[r] = the index of the largest of x[r, 0..n) (lowest index on ties). x: [rows, n].
 Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream);
 
