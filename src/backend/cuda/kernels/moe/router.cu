@@ -83,44 +83,51 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
   route_token(a, blockIdx.x, a.logits + int64_t(blockIdx.x) * a.E, smem, smem + a.E, sel);
 }
 
-// Decode router in one launch: warp e of the grid computes gate row e against
-// every token (f32 FMAs on the stored BF16 or F32 values, 16-byte streaming
-// loads, the first batch issued before the wait), writes the logits, and the
-// last block to finish (a ticket, reset for the next launch) routes the
-// tokens, warp t taking token t. One launch instead of a GEMV and a top-k.
+// Decode router in one launch: kGateSplit warps share gate row e, each a
+// slice of its columns, against every token (f32 FMAs on the stored BF16 or
+// F32 values, 16-byte streaming loads, the first batch issued before the
+// wait); the slices are added in order, the logits written, and the last
+// block to finish (a ticket, reset for the next launch) routes the tokens,
+// warp t taking token t. One launch instead of a GEMV and a top-k. Why split
+// rows: a warp per row put V4's 2 MB gate on 32 SMs, whose own load
+// bandwidth then set the time; split four ways it spreads over 128.
 constexpr int kGateWarps = 8;
+constexpr int kGateSplit = 4;                       // warps per gate row
+constexpr int kGateRows = kGateWarps / kGateSplit;  // gate rows per block
 constexpr int kGateBatch = 8;  // 16-byte loads in flight per lane
 template <bool kBf16>
 __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterArgs a, const uint8_t* gate, int64_t D,
                                                                          const float* x, unsigned* ticket) {
   extern __shared__ float smem[];  // per warp: [E] scores, [E] keys; then [T, E] logits
   __shared__ int32_t sel[kGateWarps][32];
+  __shared__ float slice_sum[kGateWarps][kGateWarps];  // [warp][token]
   __shared__ bool last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = int(blockIdx.x) * kGateWarps + warp;
+  const int e = int(blockIdx.x) * kGateRows + warp / kGateSplit, slice = warp % kGateSplit;
   const bool row_ok = e < a.E;
   constexpr int kPer = kBf16 ? 8 : 4;  // values per 16-byte load
   const int64_t n16 = D / kPer;
+  const int64_t c_begin = n16 * slice / kGateSplit, c_end = n16 * (slice + 1) / kGateSplit;
   const uint8_t* row = gate + (row_ok ? int64_t(e) : 0) * D * (kBf16 ? 2 : 4);
   uint4 wv[kGateBatch];
 #pragma unroll
   for (int j = 0; j < kGateBatch; ++j)
-    if (row_ok && lane + 32 * j < n16) wv[j] = ld_stream16(row + (int64_t(lane) + 32 * j) * 16);
+    if (row_ok && c_begin + lane + 32 * j < c_end) wv[j] = ld_stream16(row + (c_begin + lane + 32 * j) * 16);
   pdl_launch_dependents();
   pdl_wait();  // x is the previous kernel's output
 
   const int T = int(a.T);
   float acc[kGateWarps] = {};
-  for (int64_t base = 0; base < n16; base += 32 * kGateBatch) {
-    if (base > 0) {
+  for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
+    if (base > c_begin) {
 #pragma unroll
       for (int j = 0; j < kGateBatch; ++j)
-        if (row_ok && base + lane + 32 * j < n16) wv[j] = ld_stream16(row + (base + lane + 32 * j) * 16);
+        if (row_ok && base + lane + 32 * j < c_end) wv[j] = ld_stream16(row + (base + lane + 32 * j) * 16);
     }
 #pragma unroll
     for (int j = 0; j < kGateBatch; ++j) {
       const int64_t c = base + lane + 32 * j;
-      if (!row_ok || c >= n16) continue;
+      if (!row_ok || c >= c_end) continue;
       float wf[kPer];
       const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
 #pragma unroll
@@ -151,7 +158,16 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   for (int t = 0; t < kGateWarps; ++t) {
     if (t >= T) break;
     const float v = warp_sum(acc[t]);
-    if (lane == 0 && row_ok) const_cast<float*>(a.logits)[int64_t(t) * a.E + e] = v;
+    if (lane == 0) slice_sum[warp][t] = v;
+  }
+  __syncthreads();
+  // A row's slices added in slice order (deterministic), a thread per (row, token).
+  if (threadIdx.x < kGateRows * T) {
+    const int r = threadIdx.x / T, t = threadIdx.x % T, er = int(blockIdx.x) * kGateRows + r;
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kGateSplit; ++q) v += slice_sum[r * kGateSplit + q][t];
+    if (er < a.E) const_cast<float*>(a.logits)[int64_t(t) * a.E + er] = v;
   }
 
   // The last block routes: every block's logits are visible to it after the
@@ -197,7 +213,7 @@ Status router_gate_topk(const RouterArgs& a, const DeviceLinear& gate, const flo
                         cudaStream_t stream) {
   if (!router_gate_topk_supports(a, gate)) return internal_error("router_gate_topk: unsupported shape or format");
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return internal_error("router_gate_topk: x must be 16-byte aligned");
-  const dim3 grid(unsigned((a.E + kGateWarps - 1) / kGateWarps)), block(kGateWarps * 32);
+  const dim3 grid(unsigned((a.E + kGateRows - 1) / kGateRows)), block(kGateWarps * 32);
   const auto kernel = gate.format == DevFormat::kBF16 ? router_gate_topk_sm90<true> : router_gate_topk_sm90<false>;
   const cudaError_t e = launch_pdl(kernel, grid, block, gate_topk_smem(a), stream, a, gate.weight, gate.in, x, ticket);
   return cuda_status(e, "router_gate_topk_sm90");
