@@ -122,16 +122,21 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
                       const IndexerStreams& ss) {
   const dsv4::ModelConfig& c = m.config;
   const cudaStream_t s = ss.sel;
-  AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, st.ws.icomp_kv.as<float>(),
-                                     st.ws.icomp_gate.as<float>(), s));
+  if (!ablated("icomp"))
+    AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, st.ws.icomp_kv.as<float>(),
+                                       st.ws.icomp_gate.as<float>(), s));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
-  AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
+  if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
   if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
   if (ss.qr_from != ss.q) AFF_RETURN_IF_ERROR(stream_after(ss.q, ss.qr_from, st.qr_ready));
-  if (q_norm != nullptr) AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), ss.q));
-  else AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), ss.q));
-  AFF_RETURN_IF_ERROR(
-      rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), ss.q));
+  if (ablated("iq")) {
+  } else if (q_norm != nullptr) {
+    AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), ss.q));
+  } else {
+    AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), ss.q));
+  }
+  if (!ablated("iq"))
+    AFF_RETURN_IF_ERROR(rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), ss.q));
   if (ss.q != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.q, st.iq_ready));
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
@@ -139,6 +144,7 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
   a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
+  if (ablated("isel")) return Status::ok();
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;
@@ -301,8 +307,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
   auto entries = [&]() -> Status {
-    AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, ws.comp_kv.as<float>(),
-                                       ws.comp_gate.as<float>(), side));
+    if (!ablated("comp"))
+      AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, ws.comp_kv.as<float>(),
+                                         ws.comp_gate.as<float>(), side));
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(

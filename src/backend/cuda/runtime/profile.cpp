@@ -52,11 +52,17 @@ bool profiling_enabled() {
 }
 
 bool ablated(const char* stage) {
+  // ",a,b," so that a stage matches only as a whole item.
   static const std::string list = [] {
     const char* v = std::getenv("AFF_CUDA_ABLATE");
-    return v ? "," + std::string(v) + "," : std::string();
+    std::string l;
+    if (v != nullptr) l.append(",").append(v).append(",");
+    return l;
   }();
-  return !list.empty() && list.find("," + std::string(stage) + ",") != std::string::npos;
+  if (list.empty()) return false;
+  std::string item(",");
+  item.append(stage).append(",");
+  return list.find(item) != std::string::npos;
 }
 
 void prof_mark(cudaStream_t stream, const char* name) {

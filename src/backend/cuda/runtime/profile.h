@@ -19,8 +19,9 @@ void prof_step_end(cudaStream_t stream);
 // What-if timing: AFF_CUDA_ABLATE=stage[,stage...] leaves those stages'
 // launches out of the forward pass, so a decode benchmark shows what each
 // stage adds to the captured step, overlap included. The outputs are then
-// meaningless. Stages: mhc, wq_a, entries (compressors and indexer), wq_b,
-// qkv, attn, ring, wo_a, wo_b, shared, router, moe_up, moe_down, head.
+// meaningless. Stages: mhc, wq_a, entries (compressors and indexer; or its
+// parts comp, icomp, iw, iq, isel), wq_b, qkv, attn, ring, wo_a, wo_b,
+// shared, router, moe_up, moe_down, head.
 bool ablated(const char* stage);
 
 }  // namespace aff::cuda

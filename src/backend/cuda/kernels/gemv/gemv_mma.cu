@@ -18,10 +18,14 @@
 //
 // Activations are staged in shared memory as f16 per 128-column block scaled
 // by a power of two (the block's max lands in [2^13, 2^14): no overflow, no
-// rounding from the scaling). Exact setting: x = hi + lo (two f16), two MMAs
-// per fragment, ~2^-22 relative, the f32 reference to rounding. Fast setting:
-// hi alone, ~2^-12 relative per element. Each 128-column block's MMA sums are
-// multiplied by (weight block scale) x (x block scale) and added in f32.
+// rounding from the scaling). Exact setting: x = hi + lo (two f16), ~2^-22
+// relative, the f32 reference to rounding. Fast setting: hi alone, ~2^-12
+// relative per element. Each 128-column block's MMA sums are multiplied by
+// (weight block scale) x (x block scale) and added in f32. Exact with up to 4
+// tokens (decode, short drafts), hi and lo are two columns of one MMA (token
+// t's in columns 2t, 2t + 1), so a fragment costs one MMA, not two: the MMA
+// pipe was a quarter of a 32 MB GEMV's time at batch 1, where 7 of the 8
+// columns went unused. The sums and their order are the same either way.
 //
 // BF16 weights take the same path with bf16 MMAs on the stored bits: a
 // "column block" is then 64 columns (the same 128 bytes per row), lane c's 16
@@ -51,6 +55,7 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/env_switch.h"
 #include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/smem_limit.h"
 
@@ -104,9 +109,12 @@ struct Staging {
   static constexpr int kCols = kBf16 ? 64 : 128;  // columns per 128-byte column block
 };
 
-template <bool kExact, bool kBf16>
+template <bool kExact, bool kBf16, bool kPacked>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
+  static_assert(!kPacked || (kExact && !kBf16), "hi / lo columns are the exact FP8 form");
   using St = Staging<kExact, kBf16>;
+  // MMAs per fragment: one per x split, or one for both (packed).
+  constexpr int kMmaSplits = kPacked ? 1 : St::kSplits;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float red[kMaxWarps][4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -239,9 +247,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   __syncthreads();
 
   // Token of this lane's B column, and of its two C columns (clamped: columns
-  // past T compute duplicates that are never written).
-  const int64_t tb = g < T ? g : T - 1;
-  const int64_t tc0 = 2 * c < T ? 2 * c : T - 1, tc1 = 2 * c + 1 < T ? 2 * c + 1 : T - 1;
+  // past T compute duplicates that are never written). Packed: B column g is
+  // token g / 2's hi (even g) or lo (odd g), and both C columns are token c's.
+  const int64_t tb = kPacked ? (g / 2 < T ? g / 2 : T - 1) : (g < T ? g : T - 1);
+  const int64_t tc0 = kPacked ? (c < T ? c : T - 1) : (2 * c < T ? 2 * c : T - 1);
+  const int64_t tc1 = kPacked ? tc0 : (2 * c + 1 < T ? 2 * c + 1 : T - 1);
+  const int64_t bplane = kPacked ? int64_t(g & 1) * T * xrow : 0;  // the B column's split
   const int64_t plane = T * xrow;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (active) {
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
         if (kb >= kb_end) break;
         // Independent accumulator chains (step x split): back-to-back MMAs on
         // one accumulator would wait out each other's latency.
-        float cb[2][St::kSplits][4] = {};
+        float cb[2][kMmaSplits][4] = {};
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
           const uint4 wr = buf[d][2 * st], wr8 = buf[d][2 * st + 1];
@@ -269,10 +280,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
                 mma_bf16_16816(cb[st][sp], af, word(xv[sp], 2 * j), word(xv[sp], 2 * j + 1));
             }
           } else {
-            const int64_t xo = tb * xrow + kb * 128 + st * 64 + c * 16;
-            uint4 xv[St::kSplits][2];
+            const int64_t xo = bplane + tb * xrow + kb * 128 + st * 64 + c * 16;
+            uint4 xv[kMmaSplits][2];
 #pragma unroll
-            for (int sp = 0; sp < St::kSplits; ++sp) {
+            for (int sp = 0; sp < kMmaSplits; ++sp) {
               xv[sp][0] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo);
               xv[sp][1] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo + 8);
             }
@@ -282,7 +293,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
               const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_to_f16x2(w0 >> 16),
                                       e4m3x2_to_f16x2(w8 >> 16)};
 #pragma unroll
-              for (int sp = 0; sp < St::kSplits; ++sp) {
+              for (int sp = 0; sp < kMmaSplits; ++sp) {
                 const uint4& xb = xv[sp][j >> 1];
                 mma_f16_16816(cb[st][sp], af, word(xb, (2 * j) & 3), word(xb, (2 * j + 1) & 3));
               }
@@ -298,12 +309,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
           if (!kBf16) sraw[d] = load_scale_raw(w, srow + kb + kDepth);
         }
         float cbs[4];
+        if constexpr (kPacked) {
+          // C columns 2c (hi) and 2c + 1 (lo) of rows g and g + 8: lo first, as below.
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float sum = 0.0f;
+          for (int r = 0; r < 4; r += 2) {
+            float sum = 0.0f;
+            sum += cb[0][0][r + 1] + cb[1][0][r + 1];
+            sum += cb[0][0][r] + cb[1][0][r];
+            cbs[r] = cbs[r + 1] = sum;
+          }
+        } else {
 #pragma unroll
-          for (int sp = St::kSplits - 1; sp >= 0; --sp) sum += cb[0][sp][i] + cb[1][sp][i];  // small parts first
-          cbs[i] = sum;
+          for (int i = 0; i < 4; ++i) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int sp = St::kSplits - 1; sp >= 0; --sp) sum += cb[0][sp][i] + cb[1][sp][i];  // small parts first
+            cbs[i] = sum;
+          }
         }
         if constexpr (kBf16) {
 #pragma unroll
@@ -334,6 +356,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   }
   if (!active) return;
   const int64_t r0 = row0 + g, r8 = row0 + g + 8;
+  if constexpr (kPacked) {  // acc[1], acc[3] repeat acc[0], acc[2]
+    if (c < T) {
+      if (r0 < hi) y[c * ldy + r0] = acc[0];
+      if (r8 < hi) y[c * ldy + r8] = acc[2];
+    }
+    return;
+  }
   const int64_t t0 = 2 * c, t1 = 2 * c + 1;
   if (r0 < hi) {
     if (t0 < T) y[t0 * ldy + r0] = acc[0];
@@ -352,9 +381,13 @@ int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16) {
 
 using MmaKernel = void (*)(MmaArgs);
 
-MmaKernel kernel_for(bool exact, bool bf16) {
-  if (bf16) return exact ? gemv_mma_sm90<true, true> : gemv_mma_sm90<false, true>;
-  return exact ? gemv_mma_sm90<true, false> : gemv_mma_sm90<false, false>;
+// Tokens per launch up to which exact FP8 packs hi and lo into one MMA.
+constexpr int64_t kPackedMaxTok = kMaxTok / 2;
+
+MmaKernel kernel_for(bool exact, bool bf16, bool packed = false) {
+  if (bf16) return exact ? gemv_mma_sm90<true, true, false> : gemv_mma_sm90<false, true, false>;
+  if (exact && packed) return gemv_mma_sm90<true, false, true>;
+  return exact ? gemv_mma_sm90<true, false, false> : gemv_mma_sm90<false, false, false>;
 }
 
 Status allow_smem(MmaKernel k) { return raise_smem_limit(reinterpret_cast<const void*>(k), int(kMaxStageBytes)); }
@@ -382,6 +415,7 @@ bool gemv_mma_takes_all(const DeviceLinear& w) { return gemv_mma_takes(w, 0, rou
 Status gemv_mma_prepare() {
   for (bool exact : {true, false})
     for (bool bf16 : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, bf16)));
+  AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true, false, true)));
   return Status::ok();
 }
 
@@ -396,7 +430,9 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   if (n_rows <= 0 || T <= 0) return Status::ok();
   const bool exact = mma_precision() != MmaPrecision::kBf16;
   const bool bf16 = w.format == DevFormat::kBF16;
-  const MmaKernel kernel = kernel_for(exact, bf16);
+  // AFF_CUDA_GEMV_PACKED=0: two MMAs per fragment at every T (comparisons).
+  static const bool pack_ok = env_switch_on("AFF_CUDA_GEMV_PACKED");
+  const MmaKernel kernel = kernel_for(exact, bf16, pack_ok && T <= kPackedMaxTok);
   AFF_RETURN_IF_ERROR(allow_smem(kernel));
   const int sms = current_device_multiprocessors();
   const int64_t groups = (row_end - 1) / rows_per_group - row_begin / rows_per_group + 1;
