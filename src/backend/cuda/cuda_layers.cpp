@@ -56,6 +56,13 @@ bool ahead_enabled() {
 
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
+// AFF_CUDA_POOL_STORE=0: a decode step's compressor ring stores as launches
+// of their own (comparisons).
+bool fused_ring_enabled() {
+  static const bool on = env_switch_on("AFF_CUDA_POOL_STORE");
+  return on;
+}
+
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
 // chunk's tokens: row r at position step.pos0 + r / rows_per_pos.
 RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool compressed, int rope_dim,
@@ -97,7 +104,9 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   p.norm = c.norm, p.eps = eps_of(m);
   p.inv_freq = st.rope_compress.as<float>(), p.rope_dim = m.config.rope_dim;
   p.entries = cs.entries.as<float>();
+  p.store_ring = T == 1 && fused_ring_enabled();
   AFF_RETURN_IF_ERROR(compressor_pool(p, s));
+  if (p.store_ring) return Status::ok();
   RingStoreArgs rs;
   rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.step = p.step, rs.T = T, rs.width = width;
   rs.src = kv;

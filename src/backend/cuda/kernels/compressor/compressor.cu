@@ -62,8 +62,27 @@ __device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t
   return acc / denom;
 }
 
-__global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a) {
+// Blocks [pool_blocks, ...) of a store_ring launch: the token's kv then gate
+// row into the rings (a thread per element). Its row is not one the entry
+// this step may complete reads (that window ends at the token, read directly).
+__device__ void store_rows(const CompressorPoolArgs& a, int64_t i) {
+  const int width = a.overlap ? 2 * a.dim : a.dim;
+  if (i >= 2 * int64_t(width)) return;
+  const int64_t pos = a.step->pos0, row = pos % (2 * a.ratio);
+  const int c = int(i % width);
+  if (i < width) {
+    a.ring_kv[row * width + c] = a.kv[c];
+  } else {
+    a.ring_gate[row * width + c] = a.gate[c] + a.ape[(pos % a.ratio) * width + c];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorPoolArgs a, unsigned pool_blocks) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  if (blockIdx.x >= pool_blocks) {
+    store_rows(a, int64_t(blockIdx.x - pool_blocks) * kThreads + threadIdx.x);
+    return;
+  }
   const StepInfo st = *a.step;
   if (blockIdx.x >= new_entries(st, a.ratio)) return;
   const int64_t b = first_new_entry(st, a.ratio) + blockIdx.x;
@@ -123,7 +142,11 @@ Status compressor_pool(const CompressorPoolArgs& a, cudaStream_t stream) {
   // The most entries T consecutive positions can complete, wherever they start.
   const int64_t most = a.T / a.ratio + 1;
   if (most > 0x7fffffff) return internal_error("compressor_pool: too many entries in one launch");
-  const cudaError_t e = launch_pdl(compressor_pool_f32_sm90, dim3(unsigned(most)), dim3(kThreads), 0, stream, a);
+  if (a.store_ring && a.T != 1) return internal_error("compressor_pool: ring stores ride along only with one token");
+  const int64_t width = a.overlap ? 2 * a.dim : a.dim;
+  const int64_t store_blocks = a.store_ring ? (2 * width + kThreads - 1) / kThreads : 0;
+  const cudaError_t e = launch_pdl(compressor_pool_f32_sm90, dim3(unsigned(most + store_blocks)), dim3(kThreads), 0,
+                                   stream, a, unsigned(most));
   return cuda_status(e, "compressor_pool_f32_sm90");
 }
 

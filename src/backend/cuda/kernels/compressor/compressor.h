@@ -18,8 +18,8 @@ struct CompressorPoolArgs {
   const float* kv = nullptr;        // [T, width] the chunk's wkv projections, width = (overlap ? 2 : 1) * dim
   const float* gate = nullptr;      // [T, width] the chunk's wgate logits (no ape)
   const float* ape = nullptr;       // [ratio, width]
-  const float* ring_kv = nullptr;   // [2*ratio, width]; position p at row p % (2*ratio)
-  const float* ring_gate = nullptr; // [2*ratio, width], ape included
+  float* ring_kv = nullptr;         // [2*ratio, width]; position p at row p % (2*ratio)
+  float* ring_gate = nullptr;       // [2*ratio, width], ape included (written only with store_ring)
   const StepInfo* step = nullptr;   // device: the chunk covers positions [pos0, pos0 + T)
   int64_t T = 0;                    // the chunk's length (host copy of step->T, sizes the grid)
   int ratio = 0, dim = 0;
@@ -29,6 +29,11 @@ struct CompressorPoolArgs {
   const float* inv_freq = nullptr;  // [rope_dim/2] RoPE on the entry's trailing rope_dim dims,
   int rope_dim = 0;                 //   at the entry's first position (entry * ratio)
   float* entries = nullptr;         // [capacity, dim]; entry b written at row b, finished
+  // T == 1 only (a decode step): the same launch also stores the token's kv
+  // and gate (+ ape) rows into the rings, as two ring_store launches would.
+  // With more tokens a later token's store could overwrite a row an entry
+  // still pools, so longer chunks store after the pool.
+  bool store_ring = false;
 };
 
 // Completes every entry the chunk finishes (ids from StepInfo, so a captured
