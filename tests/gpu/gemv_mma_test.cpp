@@ -252,6 +252,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaPair,
                                            std::make_tuple(int64_t(128), int64_t(640), int64_t(1024), int64_t(8), true),
                                            std::make_tuple(int64_t(1024), int64_t(512), int64_t(4096), int64_t(11), false)));
 
+// BF16 weights stacked in one launch: a compressor's wkv and wgate at decode
+// (V4's CSA 2 x 1024 rows, the indexer's 2 x 256, an odd second weight) for
+// 1..3 tokens and both precisions.
+class GemvBf16MmaPair : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> {};
+
+TEST_P(GemvBf16MmaPair, EachWeightWritesItsOwnProduct) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [out1, out2, in, T, exact] = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto random_rows = [&](int64_t out) {
+    std::vector<uint16_t> w(size_t(out * in));
+    for (uint16_t& v : w) v = f32_to_bf16(nd(rng) * 0.05f);
+    return w;
+  };
+  const std::vector<uint16_t> h1 = random_rows(out1), h2 = random_rows(out2);
+  const std::vector<float> x = random_x(T * in, rng);
+  auto product = [&](const std::vector<uint16_t>& h, int64_t out) {
+    std::vector<double> want(size_t(T * out));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < out; ++r) {
+        double s = 0.0;
+        for (int64_t k = 0; k < in; ++k) s += double(bf16_to_f32(h[size_t(r * in + k)])) * x[size_t(t * in + k)];
+        want[size_t(t * out + r)] = s;
+      }
+    return want;
+  };
+  const std::vector<double> want1 = product(h1, out1), want2 = product(h2, out2);
+  auto dw1 = upload_vector(h1, "w1");
+  auto dw2 = upload_vector(h2, "w2");
+  auto dx = upload_vector(x, "x");
+  auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
+  auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
+  ASSERT_TRUE(dw1.is_ok() && dw2.is_ok() && dx.is_ok() && dy1.is_ok() && dy2.is_ok());
+  DeviceLinear w1, w2;
+  w1.format = w2.format = DevFormat::kBF16;
+  w1.in = w2.in = in, w1.out = out1, w2.out = out2;
+  w1.weight = dw1->as<uint8_t>(), w2.weight = dw2->as<uint8_t>();
+  ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr)
+                  .is_ok());
+  expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "bf16 pair w1");
+  expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "bf16 pair w2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvBf16MmaPair,
+                         ::testing::Values(std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), true),
+                                           std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), false),
+                                           std::make_tuple(int64_t(256), int64_t(256), int64_t(4096), int64_t(2), true),
+                                           std::make_tuple(int64_t(128), int64_t(333), int64_t(1536), int64_t(3), true)));
+
 // The query path's q_norm folded into wq_b: x's rows RMS-normalised with a
 // weight inside the launch must match the double product of the normalised
 // rows, for 1..8 tokens (and more: several launches) and both precisions.
