@@ -138,14 +138,14 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
   if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
   if (ss.qr_from != ss.q) AFF_RETURN_IF_ERROR(stream_after(ss.q, ss.qr_from, st.qr_ready));
-  if (ablated("iq")) {
-  } else if (q_norm != nullptr) {
-    AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), ss.q));
-  } else {
-    AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), ss.q));
-  }
-  if (!ablated("iq"))
+  if (!ablated("iq")) {
+    if (q_norm != nullptr) {
+      AFF_RETURN_IF_ERROR(gemv_mma_normed(ix.wq_b, qr, T, st.ws.iq.as<float>(), q_norm, eps_of(m), ss.q));
+    } else {
+      AFF_RETURN_IF_ERROR(linear(ix.wq_b, qr, T, st.ws.iq.as<float>(), ss.q));
+    }
     AFF_RETURN_IF_ERROR(rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), ss.q));
+  }
   if (ss.q != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.q, st.iq_ready));
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
@@ -298,6 +298,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.fork));
   if (ablated("wq_a")) {
+    // what-if timing: no query projections
   } else if (paired) {
     AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s));
     prof_mark(s, "attn.wq_a+wkv");
@@ -330,8 +331,12 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool entries_beside = fork && !ablated("entries");
   if (entries_beside) AFF_RETURN_IF_ERROR(entries());
   if (ablated("wq_b")) {
-  } else if (fold_q_norm) AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
-  else AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
+    // what-if timing: no wq_b
+  } else if (fold_q_norm) {
+    AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
+  } else {
+    AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
+  }
   prof_mark(s, "attn.q_norm+wq_b");
   if (!paired) {
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
@@ -400,6 +405,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (w.wo_a.in != group_in) return internal_error("attention: wo_a input width mismatch");
   float* u = ws.u.as<float>();
   if (ablated("wo_a")) {
+    // what-if timing: no wo_a
   } else if (!linear_uses_gemm(w.wo_a, T) && gemv_mma_takes(w.wo_a, 0, R)) {
     // Decode: all groups in one launch (group g's rows read o's slice g).
     AFF_RETURN_IF_ERROR(gemv_mma(w.wo_a, 0, G * R, o, int64_t(H) * Dh, T, u, G * R, R, group_in, s));
