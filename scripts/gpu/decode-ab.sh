@@ -7,6 +7,8 @@
 #
 #   BIN_DIR=.devpack scripts/gpu/decode-ab.sh ROUNDS SETTING... [-- BENCH_ARGS...]
 #   e.g. ... 2 - AFF_CUDA_L2_AHEAD=0 "AFF_CUDA_SHARED_SMS=33 AFF_CUDA_L2_AHEAD=0"
+#   or, what each stage adds to the step: ... 1 - AFF_CUDA_ABLATE=mhc AFF_CUDA_ABLATE=wo_a,wo_b
+#   (AFF_CUDA_ABLATE leaves the named stages out; runtime/profile.h lists them)
 # Default bench arguments: the issue-5 decode geometry at context 4096. BENCH replaces the
 # bench command (the script's own check uses a stand-in).
 set -uo pipefail
