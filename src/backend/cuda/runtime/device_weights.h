@@ -41,11 +41,7 @@ struct DeviceLinear {
 };
 
 // Bytes of a weight's stored values (block scales not counted): what an L2
-// prefetch of the weight asks for. Host and device (kernels prefetch experts
-// they pick).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
+// prefetch of the weight asks for.
 inline int64_t stored_bytes(const DeviceLinear& w) {
   switch (w.format) {
     case DevFormat::kF32: return w.out * w.in * 4;

@@ -9,6 +9,7 @@
 #include "backend/cuda/kernels/common/l2_prefetch.cuh"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
@@ -137,9 +138,7 @@ Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaSt
 Status hbm_read_probe(const uint8_t* p, int64_t n, uint32_t* sink, cudaStream_t stream) {
   if (n <= 0) return Status::ok();
   if (n % 16 != 0 || reinterpret_cast<uintptr_t>(p) % 16 != 0) return internal_error("hbm_read_probe: unaligned range");
-  int sms = 0;
-  AFF_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  hbm_read_probe_sm90<<<sms * 8, kProbeThreads, 0, stream>>>(reinterpret_cast<const uint4*>(p), n / 16, sink);
+  hbm_read_probe_sm90<<<current_device_multiprocessors() * 8, kProbeThreads, 0, stream>>>(reinterpret_cast<const uint4*>(p), n / 16, sink);
   return launch_status("hbm_read_probe_sm90");
 }
 
