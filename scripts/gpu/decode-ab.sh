@@ -30,9 +30,11 @@ for ((r = 1; r <= rounds; ++r)); do
         envs=()
         [ "$s" != - ] && read -r -a envs <<< "$s"
         # The table's first row (the first context) holds the median ms/token.
-        v=$(env "${envs[@]}" $bench "${args[@]}" 2>/dev/null | awk '/^ context/ {getline; print $2; exit}')
-        [ -n "$v" ] || v=failed
-        echo "round $r  [$s]  $v ms/token"
+        # ... and, last, the digest of the run's tokens and logits (equal digests: equal numbers).
+        row=$(env "${envs[@]}" $bench "${args[@]}" 2>/dev/null | awk '/^ *context/ {getline; print $2, $NF; exit}')
+        v=${row%% *} dg=${row##* }
+        [ -n "$v" ] || v=failed dg=-
+        echo "round $r  [$s]  $v ms/token  digest $dg"
         values[$s]="${values[$s]:-} $v"
     done
 done

@@ -61,6 +61,12 @@ class EventTimer {
   cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
 
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> dist(2, int32_t(vocab - 1));
@@ -216,12 +222,15 @@ class Runner {
       }
       int32_t tok = 2 + int32_t(context % 1000);
       AFF_ASSIGN_OR_RETURN(tok, cuda::gpu_forward_greedy(*model_, *state_, {&tok, 1}));
+      std::vector<int32_t> decoded;
+      decoded.reserve(size_t(o_.decode_steps));
       EventTimer t;
       AFF_RETURN_IF_ERROR(t.start(state_->stream.get()));
       for (int64_t i = 0; i < o_.decode_steps; ++i) {
         AFF_ASSIGN_OR_RETURN(tok, cuda::gpu_forward_greedy(*model_, *state_, {&tok, 1}));
         if (tok < 0 || tok >= model_->config.vocab_size)
           return internal_error(fmt::format("decode produced token id {} outside the vocabulary", tok));
+        decoded.push_back(tok);
       }
       AFF_ASSIGN_OR_RETURN(const double ms, t.stop(state_->stream.get()));
       d.ms_per_token.push_back(ms / double(o_.decode_steps));
@@ -229,6 +238,7 @@ class Runner {
       // One more step, untimed, brings the logits back to check they are finite.
       AFF_RETURN_IF_ERROR(cuda::gpu_forward(*model_, *state_, {&tok, 1}, false, logits));
       r_.logits_finite = r_.logits_finite && all_finite(logits);
+      d.digest = fnv1a(logits.data(), logits.size() * sizeof(float), fnv1a(decoded.data(), decoded.size() * 4));
     }
     return Status::ok();
   }
@@ -323,8 +333,8 @@ std::string report_text(const BenchReport& r) {
   s += fmt::format("\ndecode (context filled by {}; {} tokens per run, median of up to {} runs)\n",
                    o.fill_by_prefill ? "prefill" : "synthetic cache contents with the position set", o.decode_steps,
                    o.runs);
-  s += fmt::format("{:>8} {:>10} {:>9} {:>14} {:>14} {:>5}\n", "context", "ms/token", "tok/s", "% HBM (weights)",
-                   "% HBM (+KV)", "runs");
+  s += fmt::format("{:>8} {:>10} {:>9} {:>14} {:>14} {:>5} {:>17}\n", "context", "ms/token", "tok/s",
+                   "% HBM (weights)", "% HBM (+KV)", "runs", "digest");
   for (const DecodeResult& d : r.decode) {
     if (d.skipped) {
       s += fmt::format("{:>8} skipped: {}\n", d.context, d.why);
@@ -332,9 +342,9 @@ std::string report_text(const BenchReport& r) {
     }
     const double bw = per_tok / (d.median_ms * 1e-3);
     const double bw_kv = (per_tok + double(d.kv_bytes_read)) / (d.median_ms * 1e-3);
-    s += fmt::format("{:>8} {:>10.3f} {:>9.2f} {:>13.2f}% {:>13.2f}% {:>5}\n", d.context, d.median_ms,
+    s += fmt::format("{:>8} {:>10.3f} {:>9.2f} {:>13.2f}% {:>13.2f}% {:>5} {:>17x}\n", d.context, d.median_ms,
                      1e3 / d.median_ms, 100 * bw / kHbmBytesPerSecond, 100 * bw_kv / kHbmBytesPerSecond,
-                     d.ms_per_token.size());
+                     d.ms_per_token.size(), d.digest);
   }
   s += fmt::format("\nlogits finite: {}\n", r.logits_finite ? "yes" : "NO");
   return s;
@@ -383,6 +393,7 @@ nlohmann::json report_json(const BenchReport& r) {
       e.update({{"ms_per_token", d.ms_per_token},
                 {"median_ms_per_token", d.median_ms},
                 {"tok_per_s", 1e3 / d.median_ms},
+                {"digest", fmt::format("{:x}", d.digest)},
                 {"hbm_fraction_weights", double(t.per_token()) / (d.median_ms * 1e-3) / kHbmBytesPerSecond}});
     }
     dc.push_back(e);

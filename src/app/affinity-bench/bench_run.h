@@ -55,6 +55,10 @@ struct DecodeResult {
   std::vector<double> ms_per_token;  // one per run
   double median_ms = 0;
   size_t kv_bytes_read = 0;          // cache bytes one token at this context reads
+  // FNV-1a of the last run's decoded tokens and final logits' bits: two
+  // settings that must compute the same numbers (a fused launch against its
+  // unfused form) show the same digest.
+  uint64_t digest = 0;
 };
 
 struct BenchReport {

@@ -251,7 +251,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
     default: return unsupported("mHC: the mixes matrix must be f32, bf16 or f16");
   }
   f.base = w.base, f.scale = w.scale, f.T = T, f.hc = hc, f.D = D, f.head = head;
-  f.sinkhorn_iters = c.hc_sinkhorn_iters, f.hc_eps = float(c.hc_eps), f.norm_eps = eps_of(m);
+  f.sinkhorn_iters = ablated("sinkhorn") ? 1 : c.hc_sinkhorn_iters, f.hc_eps = float(c.hc_eps), f.norm_eps = eps_of(m);
   f.post = st.ws.post.as<float>() + first * hc;
   f.comb = st.ws.comb.as<float>() + first * hc * hc;
   f.pre = st.ws.pre.as<float>() + first * hc;

@@ -21,7 +21,8 @@ void prof_step_end(cudaStream_t stream);
 // stage adds to the captured step, overlap included. The outputs are then
 // meaningless. Stages: mhc, wq_a, entries (compressors and indexer; or its
 // parts comp, icomp, iw, iq, isel), wq_b, qkv, attn, ring, wo_a, wo_b,
-// shared, router, moe_up, moe_down, head.
+// shared, router, moe_up, moe_down, head; and sinkhorn (the mHC sites run one
+// Sinkhorn iteration instead of the model's count).
 bool ablated(const char* stage);
 
 }  // namespace aff::cuda
