@@ -352,5 +352,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaNormed,
                                            std::make_tuple(int64_t(333), int64_t(1536), int64_t(5), true),
                                            std::make_tuple(int64_t(256), int64_t(1024), int64_t(11), true)));
 
+// The pair with x rmsnorm'd in the launch (the query path's wq_b stacked over
+// the indexer's wq_b, both reading q_norm(qr)): each output must equal the
+// host's product of the normalised x, at 1 and 2 tokens, both precisions.
+class GemvFp8MmaPairNormed : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [T, exact] = GetParam();
+  const int64_t out1 = 2048, out2 = 512, in = 1024;
+  const float eps = 1e-6f;
+  std::mt19937_64 rng(std::random_device{}());
+  const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
+  const std::vector<float> x = random_x(T * in, rng);
+  std::normal_distribution<float> nd(1.0f, 0.3f);
+  std::vector<float> norm(static_cast<size_t>(in));
+  for (float& v : norm) v = nd(rng);
+  std::vector<double> xn(size_t(T * in));
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0.0;
+    for (int64_t k = 0; k < in; ++k) ss += double(x[size_t(t * in + k)]) * x[size_t(t * in + k)];
+    const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
+    for (int64_t k = 0; k < in; ++k) xn[size_t(t * in + k)] = norm[size_t(k)] * (x[size_t(t * in + k)] * inv);
+  }
+  auto product = [&](const HostFp8& h) {
+    std::vector<double> want(size_t(T * h.out));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < h.out; ++r) {
+        double s = 0.0;
+        for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * xn[size_t(t * in + k)];
+        want[size_t(t * h.out + r)] = s;
+      }
+    return want;
+  };
+  const std::vector<double> want1 = product(h1), want2 = product(h2);
+  auto dw1 = upload_vector(h1.w, "w1");
+  auto ds1 = upload_vector(h1.s, "s1");
+  auto dw2 = upload_vector(h2.w, "w2");
+  auto ds2 = upload_vector(h2.s, "s2");
+  auto dx = upload_vector(x, "x");
+  auto dn = upload_vector(norm, "norm");
+  auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
+  auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
+  ASSERT_TRUE(dw1.is_ok() && ds1.is_ok() && dw2.is_ok() && ds2.is_ok() && dx.is_ok() && dn.is_ok() && dy1.is_ok() &&
+              dy2.is_ok());
+  const DeviceLinear w1 = fp8_linear(h1, *dw1, *ds1), w2 = fp8_linear(h2, *dw2, *ds2);
+  ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr,
+                            dn->as<float>(), eps)
+                  .is_ok());
+  expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 normed pair w1");
+  expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 normed pair w2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, GemvFp8MmaPairNormed,
+                         ::testing::Combine(::testing::Values(int64_t(1), int64_t(2)), ::testing::Bool()));
+
 }  // namespace
 }  // namespace aff::cuda

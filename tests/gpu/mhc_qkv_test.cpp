@@ -129,7 +129,9 @@ HcInputs make_hc_inputs(const HcCase& c, std::mt19937_64& rng) {
   return in;
 }
 
-Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s) {
+// defer: the decode variant leaves comb's Sinkhorn to an HcCombJob, run here
+// by its own launch after the site (as the forward pass's consumers run it).
+Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool defer = false) {
   const size_t T = size_t(c.T), D = size_t(c.D);
   AFF_ASSIGN_OR_RETURN(DeviceBuffer h, upload_vector(in.h, "test"));
   AFF_ASSIGN_OR_RETURN(DeviceBuffer a, upload_vector(in.a, "test"));
@@ -158,7 +160,9 @@ Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s) {
   f.x = x.as<float>();
   f.partials = partials.as<float>();
   f.tickets = tickets.as<unsigned>();
+  f.defer_comb = defer;
   AFF_RETURN_IF_ERROR(hc_fused(f, s));
+  if (defer) AFF_RETURN_IF_ERROR(hc_comb_run(HcCombJob{f.comb, c.T, kHc, f.sinkhorn_iters, f.hc_eps}, s));
   AFF_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s), "hc_fused test"));
 
   HcOut o;
@@ -235,6 +239,15 @@ TEST(HcFused, MatchesCpuAtDecodeAndPrefillSizes) {
     if (!c.head()) {
       EXPECT_TRUE(same_bits(got->post, again->post)) << "post differs between two runs";
       EXPECT_TRUE(same_bits(got->comb, again->comb)) << "comb differs between two runs";
+    }
+    // A decode site whose comb is finished by a job afterwards: the same bits.
+    if (!c.head() && c.T <= kHcSmallT) {
+      auto deferred = run_hc(c, in, stream->get(), true);
+      ASSERT_TRUE(deferred.is_ok()) << deferred.status().message();
+      EXPECT_TRUE(same_bits(got->x, deferred->x)) << "x differs with a deferred comb";
+      EXPECT_TRUE(same_bits(got->pre, deferred->pre)) << "pre differs with a deferred comb";
+      EXPECT_TRUE(same_bits(got->post, deferred->post)) << "post differs with a deferred comb";
+      EXPECT_TRUE(same_bits(got->comb, deferred->comb)) << "comb differs with a deferred comb";
     }
   }
 }

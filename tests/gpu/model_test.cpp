@@ -50,7 +50,27 @@ struct RandomCase {
   std::vector<int> ratios;
   int hash_layers;
   const char* expert_dtype;
+  bool aligned = false;  // widths the decode fast paths take (see aligned_widths)
 };
+
+// Widths in multiples of 128 with 128 x 128 FP8 blocks, as V4-Flash has, so
+// the decode step takes the paths the tiny widths never reach: tensor-core
+// GEMVs, stacked projections (wq_a + wkv, wq_b + the indexer's wq_b, the
+// compressors' pairs), folded norms, the indexer's RoPE in qkv_finish.
+void aligned_widths(dsv4::ModelConfig& c) {
+  c.hidden_size = 256;
+  c.num_heads = 4;
+  c.head_dim = 128;
+  c.rope_dim = 64;
+  c.q_lora_rank = 128;
+  c.o_groups = 2;
+  c.o_lora_rank = 128;
+  c.index_n_heads = 4;
+  c.index_head_dim = 128;
+  c.index_topk = 6;
+  c.moe_inter = 128;
+  c.weight_block = 128;
+}
 
 class RandomModelTest : public ::testing::TestWithParam<RandomCase> {};
 
@@ -61,6 +81,7 @@ TEST_P(RandomModelTest, EveryOpLayerAndModelMatchesCpu) {
   SCOPED_TRACE(std::string(c.name) + " seed " + std::to_string(seed));
   dsv4::ModelConfig cfg = dsv4::testing::tiny_config(c.ratios, c.hash_layers);
   cfg.expert_dtype = c.expert_dtype;
+  if (c.aligned) aligned_widths(cfg);
   auto model = dsv4::testing::random_model(cfg, seed);
   ASSERT_TRUE(model);
   auto dev = upload_model(*model);
@@ -79,7 +100,8 @@ INSTANTIATE_TEST_SUITE_P(
     Mixes, RandomModelTest,
     ::testing::Values(RandomCase{"swa_csa_hca8_csa", {0, 4, 8, 4}, 1, "fp4"},
                       RandomCase{"hca16_swa_fp8experts", {16, 0}, 0, "fp8"},
-                      RandomCase{"csa_only_hash", {4, 4}, 2, "fp4"}),
+                      RandomCase{"csa_only_hash", {4, 4}, 2, "fp4"},
+                      RandomCase{"aligned_csa_hca_swa", {4, 128, 0}, 0, "fp4", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 fs::path golden_root() { return fs::path(AFFINITY_TEST_DATA) / "golden"; }

@@ -56,12 +56,15 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
   for (int l = 0; l < n_layers; ++l) {
     const DeviceLayer& lw = model.layers[size_t(l)];
     AFF_RETURN_IF_ERROR(gpu_prefetch_query_weights(model, l, st, T));
-    AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x));
+    // Each site may leave its comb's Sinkhorn to the launch after it (job).
+    HcCombJob job;
+    AFF_RETURN_IF_ERROR(
+        gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x, &job));
     prof_mark(s, "mhc");
-    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y));
-    AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_ffn, st, h, y, 0, T, false, lw.ffn_norm, x));
+    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job));
+    AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_ffn, st, h, y, 0, T, false, lw.ffn_norm, x, &job));
     prof_mark(s, "mhc");
-    AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y));
+    AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y, job));
   }
   return gpu_prefetch_join(st);
 }

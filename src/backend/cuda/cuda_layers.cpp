@@ -54,6 +54,19 @@ bool ahead_enabled() {
   return on;
 }
 
+// AFF_CUDA_STACK_IQ=0: a decode step's indexer queries in a launch of their
+// own on a side stream (comparisons).
+bool stack_iq_enabled() {
+  static const bool on = env_switch_on("AFF_CUDA_STACK_IQ");
+  return on;
+}
+
+// AFF_CUDA_COMB_JOB=0: a decode mHC site runs its own Sinkhorn (comparisons).
+bool comb_job_enabled() {
+  static const bool on = env_switch_on("AFF_CUDA_COMB_JOB");
+  return on;
+}
+
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // AFF_CUDA_POOL_STORE=0: a decode step's compressor ring stores as launches
@@ -123,12 +136,14 @@ struct IndexerStreams {
   cudaStream_t sel, w, q, qr_from;
 };
 
-// The indexer's compressor, queries and top-k into ws.sel / ws.sel_count.
-// q_norm: null when qr is already normalised, else its rmsnorm weight (folded
-// into wq_b).
-Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
+// The indexer's inputs: its compressor's entries (on ss.sel), the head
+// weights into ws.iw (on ss.w, then joined to ss.sel) and, unless the query
+// path computes them (iq_given: wq_b's launch and qkv_finish), the queries
+// into ws.iq with RoPE (on ss.q, joined to ss.sel). q_norm: null when qr is
+// already normalised, else its rmsnorm weight (folded into wq_b).
+Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
                       const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0,
-                      const IndexerStreams& ss) {
+                      const IndexerStreams& ss, bool iq_given) {
   const dsv4::ModelConfig& c = m.config;
   const cudaStream_t s = ss.sel;
   if (!ablated("icomp"))
@@ -137,6 +152,7 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
   if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
+  if (iq_given) return Status::ok();
   if (ss.qr_from != ss.q) AFF_RETURN_IF_ERROR(stream_after(ss.q, ss.qr_from, st.qr_ready));
   if (!ablated("iq")) {
     if (q_norm != nullptr) {
@@ -147,6 +163,15 @@ Status indexer_select(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
     AFF_RETURN_IF_ERROR(rope_f32(rope_rows(st.ws.iq.as<float>(), T * nh, hd, st, true, c.rope_dim, nh, false), ss.q));
   }
   if (ss.q != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.q, st.iq_ready));
+  return Status::ok();
+}
+
+// The indexer's choice on stream s, once its inputs are ready there: every
+// visible entry's score, then the top-k into ws.sel / ws.sel_count.
+Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st, int64_t T,
+                      cudaStream_t s) {
+  const dsv4::ModelConfig& c = m.config;
+  const int nh = c.index_n_heads, hd = c.index_head_dim;
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
@@ -235,7 +260,8 @@ Status gpu_prefetch_join(GpuState& st) {
 }
 
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
-                   int64_t T, bool head, const float* norm_weight, float* x) {
+                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer) {
+  if (defer != nullptr) *defer = HcCombJob{};
   const dsv4::ModelConfig& c = m.config;
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size;
@@ -259,11 +285,15 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   f.partials = st.ws.hc_partials.as<float>();
   f.tickets = st.ws.hc_tickets.as<unsigned>();
   if (ablated("mhc")) return Status::ok();
+  if (defer != nullptr && !head && T <= kHcSmallT && hc == 4 && comb_job_enabled()) {
+    f.defer_comb = true;
+    *defer = HcCombJob{f.comb, T, hc, f.sinkhorn_iters, f.hc_eps};
+  }
   return hc_fused(f, st.stream.get());
 }
 
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out) {
+                     float* out, const HcCombJob& job) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
@@ -297,10 +327,13 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const IndexerStreams iss{fork_indexer ? st.side2.get() : s, side, fork_indexer ? st.side3.get() : s, s};
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.fork));
+  // The previous mHC site's deferred comb: beside wq_a + wkv, or first on its own.
+  if (ablated("wq_a") || !paired) AFF_RETURN_IF_ERROR(hc_comb_run(job, s));
   if (ablated("wq_a")) {
     // what-if timing: no query projections
   } else if (paired) {
-    AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s));
+    AFF_RETURN_IF_ERROR(
+        gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s, nullptr, 0.0f, job));
     prof_mark(s, "attn.wq_a+wkv");
   } else {
     AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
@@ -314,6 +347,13 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool fold_q_norm = w.q_norm != nullptr && gemv_normable(w.wq_b) &&
                            (!compressed || !w.indexer.present || gemv_normable(w.indexer.wq_b));
   if (!fold_q_norm) AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
+  // Decode: the indexer's queries come out of wq_b's launch (their weights
+  // stacked under wq_b's: both read the normed qr) and get their RoPE in
+  // qkv_finish. Launched on a stream of their own they waited for wq_b's
+  // blocks, which fill the GPU as soon as wq_a ends, and cost a RoPE launch.
+  const bool iq_stacked = fork_indexer && fold_q_norm && stack_iq_enabled() && !ablated("entries") &&
+                          !ablated("iq") && !ablated("wq_b") &&
+                          gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
   auto entries = [&]() -> Status {
@@ -322,8 +362,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                                          ws.comp_gate.as<float>(), side));
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
-      AFF_RETURN_IF_ERROR(
-          indexer_select(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss));
+      AFF_RETURN_IF_ERROR(indexer_inputs(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss,
+                                         iq_stacked));
+      if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel));
       prof_mark(s, "attn.indexer");
     }
     return Status::ok();
@@ -332,6 +373,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (entries_beside) AFF_RETURN_IF_ERROR(entries());
   if (ablated("wq_b")) {
     // what-if timing: no wq_b
+  } else if (iq_stacked) {
+    AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_b, w.indexer.wq_b, qr, c.q_lora_rank, T, q, w.wq_b.out, ws.iq.as<float>(),
+                                      w.indexer.wq_b.out, s, w.q_norm, eps));
   } else if (fold_q_norm) {
     AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
   } else {
@@ -348,8 +392,14 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
+    if (iq_stacked) f.parts[f.n_parts++] = QkvPart{ws.iq.as<float>(), c.index_n_heads, c.index_head_dim, false, nullptr, freq};
     if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish(f, s));
     prof_mark(s, "attn.qkv_finish");
+  }
+  // The indexer's choice waits for its queries (here) and its other inputs (on its stream).
+  if (iq_stacked) {
+    AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
+    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel));
   }
 
   AttentionArgs a;
@@ -357,7 +407,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     if (fork) {
       AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
       if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(s, iss.sel, st.join2));
-      if (fork_indexer && entries_beside) AFF_RETURN_IF_ERROR(stream_after(s, iss.q, st.join3));
+      if (fork_indexer && entries_beside && !iq_stacked) AFF_RETURN_IF_ERROR(stream_after(s, iss.q, st.join3));
     } else {
       AFF_RETURN_IF_ERROR(entries());
     }
@@ -420,7 +470,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
 }
 
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
-               bool no_routed, float* out) {
+               bool no_routed, float* out, const HcCombJob& job) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceMoe& w = m.layers[size_t(l)].ffn;
   Workspace& ws = st.ws;
@@ -459,6 +509,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
       AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
     }
   }
+  bool job_done = false;  // the previous mHC site's deferred comb: beside the router, or on its own
   if (!no_routed && !ablated("router")) {
     RouterArgs r;
     r.logits = ws.router_logits.as<float>();
@@ -472,13 +523,15 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
     // Decode: gate and top-k in one launch.
     if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {
-      AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s));
+      AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s, job));
+      job_done = true;
     } else {
       AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
       AFF_RETURN_IF_ERROR(router_topk(r, s));
     }
     prof_mark(s, "moe.router");
   }
+  if (!job_done) AFF_RETURN_IF_ERROR(hc_comb_run(job, s));
   if (split) {
     if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed, s));
     AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));

@@ -8,6 +8,7 @@
 
 #include "affinity/status.h"
 #include "backend/cuda/gpu_state.h"
+#include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/device_model.h"
 
 namespace aff::cuda {
@@ -33,19 +34,24 @@ Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T);
 // x = norm_weight * rmsnorm(sum_j pre_j h_j) (raw collapse when norm_weight is null).
 // head: the final collapse (w = the model's hc_head; pre only).
 //   h: [first + T, hc, D]; a: [first + T, D] or null; x: [T, D].
+// defer (optional): at decode sizes the site may leave its comb's Sinkhorn to
+// the next launch; *defer is then that job (else empty), and the caller must
+// hand it to gpu_attention / gpu_moe, which run it before anything reads comb.
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
-                   int64_t T, bool head, const float* norm_weight, float* x);
+                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer = nullptr);
 
 // Attention of layer l over x: [T, D] (after attn_norm) at positions
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
 // pos0 must equal the number of positions this layer has been fed.
+// job: the previous site's deferred comb (gpu_hc_site), run beside wq_a.
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out);
+                     float* out, const HcCombJob& job = {});
 
 // MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
 // device ids (hash routing). no_routed: shared expert only.
+// job: the previous site's deferred comb, run beside the router.
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
-               bool no_routed, float* out);
+               bool no_routed, float* out, const HcCombJob& job = {});
 
 // Decode-sized chunks, at the start of layer l: asks L2 for the query path's
 // weights (wq_a, wkv, wq_b) on st.ahead while the mHC site, which reads

@@ -53,6 +53,8 @@
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/env_switch.h"
@@ -89,6 +91,9 @@ struct MmaArgs {
   // (the query path's q_norm folded into wq_b: one launch fewer per layer).
   const float* x_norm;
   float eps;
+  // A deferred mHC comb (mhc.h) finished by one extra block, the last of the
+  // grid (one row group): it runs beside the projection, off the step's path.
+  HcCombJob job;
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
@@ -117,6 +122,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   constexpr int kMmaSplits = kPacked ? 1 : St::kSplits;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float red[kMaxWarps][4][32];
+  if (a.job.comb != nullptr && blockIdx.x == gridDim.x - 1) {  // the job's block (launch_mma adds it)
+    pdl_launch_dependents();
+    pdl_wait();  // the comb logits are the previous kernel's output
+    hc_comb_job_run(a.job);
+    return;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int S = a.split, part = warp % S, sub = warp / S;
@@ -425,7 +436,8 @@ namespace {
 // w's rows [0, w.out) stacked over pair2's [0, pair2->out).
 Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
                   float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, const DeviceLinear* pair2,
-                  float* y2, int64_t ldy2, cudaStream_t stream, const float* x_norm = nullptr, float eps = 0.0f) {
+                  float* y2, int64_t ldy2, cudaStream_t stream, const float* x_norm = nullptr, float eps = 0.0f,
+                  const HcCombJob& job = {}) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
   const bool exact = mma_precision() != MmaPrecision::kBf16;
@@ -452,11 +464,13 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   while (tc > 1 && stage_bytes(tc, w.in, exact, bf16) > kMaxStageBytes) --tc;
   const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16));
   const int64_t rows1 = pair2 ? w.out : 0;
+  if (job.comb != nullptr && groups != 1) return internal_error("gemv_mma: a comb job needs one row group");
   for (int64_t t0 = 0; t0 < T; t0 += tc) {
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
-              split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps};
-    const dim3 grid{unsigned(blocks), unsigned(groups)};
+              split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps,
+              t0 == 0 ? job : HcCombJob{}};
+    const dim3 grid{unsigned(blocks + (a.job.comb != nullptr ? 1 : 0)), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
     AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
   }
@@ -489,11 +503,13 @@ bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2) {
 }
 
 Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float* x, int64_t ldx, int64_t T, float* y1,
-                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream) {
-  if (T <= 0) return Status::ok();
+                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream, const float* norm, float eps,
+                     const HcCombJob& job) {
+  if (T <= 0) return hc_comb_run(job, stream);
   if (!gemv_mma_pair_supports(w1, w2)) return internal_error("gemv_mma_pair: weights cannot share a launch");
+  if (norm != nullptr && ldx != w1.in) return internal_error("gemv_mma_pair: a normed x must be packed");
   const int64_t rows = w1.out + w2.out;
-  return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream);
+  return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream, norm, eps, job);
 }
 
 }  // namespace aff::cuda

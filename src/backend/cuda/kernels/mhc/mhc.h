@@ -49,7 +49,25 @@ struct HcFusedArgs {
   float* x = nullptr;              // [T, D] out
   float* partials = nullptr;       // scratch [T, hc_fused_blocks(D), n_mix + 1 + hc*(hc+1)/2]
   unsigned* tickets = nullptr;     // [2*T] zero before the first launch; left zero after each
+  // Decode: leave comb as its logits (m * scale[2] + base) for an HcCombJob to
+  // finish (the Sinkhorn is half the decode site's latency and only the next
+  // site reads comb, so the launch after this site runs it beside its own work).
+  bool defer_comb = false;
 };
+
+// The Sinkhorn of a decode site whose comb was deferred (HcFusedArgs::
+// defer_comb): comb [T, hc, hc] holds the logits and is turned, in place, into
+// the site's comb: row softmax + eps, then the column / row normalisations, as
+// hc_coefficients. A launch that takes the job (gemv_mma_pair, router_gate_topk)
+// runs it in one extra block after its wait; hc_comb_run is the launch of its
+// own for a consumer that cannot. comb == nullptr: no job.
+struct HcCombJob {
+  float* comb = nullptr;
+  int64_t T = 0;
+  int hc = 0, iters = 0;
+  float eps = 0.0f;
+};
+Status hc_comb_run(const HcCombJob& j, cudaStream_t stream);
 
 // Up to this many tokens (hc 4) a launch uses the decode variant: all blocks
 // of a token resident at once, meeting at one barrier. Above it (hc 4) the

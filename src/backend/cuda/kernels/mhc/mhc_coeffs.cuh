@@ -49,27 +49,15 @@ __device__ inline void hc_coefficients(const float* m, const float* base, const 
   for (int i = 0; i < hc * hc; ++i) comb[i] = c[i];
 }
 
-// Warp-parallel twin of hc_coefficients for hc * hc <= 32, called by all 32
-// lanes of one warp. One thread doing the 2 x iters dependent normalisation
-// passes (each an IEEE division per element) took >10 us per site, the largest
-// single cost of a decode step; here lane l owns comb element (l / hc, l % hc)
-// and a pass is hc shuffles, one sum and one division. Sums run over k (or j)
-// in index order, as in the sequential form.
-// m: [n_mix] (shared or registers of any lane: read by index); pre, post: [hc];
-// comb: [hc, hc] (outputs, any memory the warp can write).
-__device__ inline void hc_coefficients_warp(const float* m, const float* base, const float* scale, int hc,
-                                            int iters, float eps, bool head, float* pre, float* post,
-                                            float* comb) {
+// The comb part of hc_coefficients_warp for one lane: c is the lane's logit
+// (element (lane / hc, lane % hc) of m * scale[2] + base; lanes >= hc * hc
+// pass 0 and get garbage back); returns the lane's Sinkhorn result. Called by
+// all 32 lanes. Sums run over k (or j) in index order, as in the sequential form.
+__device__ __forceinline__ float hc_sinkhorn_lane(float c, int hc, int iters, float eps) {
   const int lane = threadIdx.x & 31;
-  if (lane < hc) {
-    pre[lane] = sigmoidf_(m[lane] * scale[0] + base[lane]) + eps;
-    if (!head) post[lane] = 2.0f * sigmoidf_(m[hc + lane] * scale[1] + base[hc + lane]);
-  }
-  if (head) return;
   const int n = hc * hc;
   const bool own = lane < n;
   const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
-  float c = own ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
   // Row softmax + eps.
   float mx = __shfl_sync(0xffffffffu, c, j * hc);
   for (int q = 1; q < hc; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, j * hc + q));
@@ -87,7 +75,44 @@ __device__ inline void hc_coefficients_warp(const float* m, const float* base, c
     for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, c, q * hc + k);
     c /= s + eps;
   }
+  return c;
+}
+
+// Warp-parallel twin of hc_coefficients for hc * hc <= 32, called by all 32
+// lanes of one warp. One thread doing the 2 x iters dependent normalisation
+// passes (each an IEEE division per element) took >10 us per site, the largest
+// single cost of a decode step; here lane l owns comb element (l / hc, l % hc)
+// and a pass is hc shuffles, one sum and one division.
+// sinkhorn == false leaves comb as its logits (m * scale[2] + base) for
+// hc_sinkhorn_lane to finish later (a deferred comb, HcCombJob).
+// m: [n_mix] (shared or registers of any lane: read by index); pre, post: [hc];
+// comb: [hc, hc] (outputs, any memory the warp can write).
+__device__ inline void hc_coefficients_warp(const float* m, const float* base, const float* scale, int hc,
+                                            int iters, float eps, bool head, float* pre, float* post,
+                                            float* comb, bool sinkhorn = true) {
+  const int lane = threadIdx.x & 31;
+  if (lane < hc) {
+    pre[lane] = sigmoidf_(m[lane] * scale[0] + base[lane]) + eps;
+    if (!head) post[lane] = 2.0f * sigmoidf_(m[hc + lane] * scale[1] + base[hc + lane]);
+  }
+  if (head) return;
+  const bool own = lane < hc * hc;
+  float c = own ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
+  if (sinkhorn) c = hc_sinkhorn_lane(c, hc, iters, eps);
   if (own) comb[lane] = c;
+}
+
+// Runs an HcCombJob (mhc.h) with the calling block (any number of whole
+// warps): warp w finishes tokens w, w + warps, ... in place.
+template <typename Job>
+__device__ inline void hc_comb_job_run(const Job& job) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int n = job.hc * job.hc;
+  for (int64_t t = warp; t < job.T; t += warps) {
+    float* cm = job.comb + t * n;
+    const float c = hc_sinkhorn_lane(lane < n ? cm[lane] : 0.0f, job.hc, job.iters, job.eps);
+    if (lane < n) cm[lane] = c;
+  }
 }
 
 }  // namespace aff::cuda

@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
     const float inv = rms_inv(ss, float(width), a.norm_eps);
     if (lane < NMIX) mix[lane] = tot[lane] * inv;
     __syncwarp();
-    hc_coefficients_warp(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb);
+    hc_coefficients_warp(mix, a.base, a.scale, HC, a.sinkhorn_iters, a.hc_eps, a.head, coef, post, comb,
+                         !a.defer_comb);
     __syncwarp();
     if (blockIdx.x == 0) {
       if (lane < HC) a.pre[t * HC + lane] = coef[lane];
@@ -695,11 +696,27 @@ Status hc_fused_generic(const HcFusedArgs& a, dim3 grid, size_t smem, cudaStream
   return launch_status("hc_fused_f32_sm90");
 }
 
+// A deferred comb's Sinkhorn as a launch of its own (HcCombJob, for a
+// consumer that cannot run it beside its work).
+__global__ void __launch_bounds__(256) hc_comb_f32_sm90(HcCombJob j) {
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  hc_comb_job_run(j);
+}
+
 }  // namespace
+
+Status hc_comb_run(const HcCombJob& j, cudaStream_t stream) {
+  if (j.comb == nullptr || j.T <= 0) return Status::ok();
+  if (j.hc * j.hc > 32) return internal_error("hc_comb_run: hc * hc must be at most 32");
+  const unsigned warps = unsigned(std::min<int64_t>(j.T, 8));
+  return cuda_status(launch_pdl(hc_comb_f32_sm90, dim3(1), dim3(32 * warps), 0, stream, j), "hc_comb_f32_sm90");
+}
 
 Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
   if (a.T == 0) return Status::ok();
   if (a.T > 65535) return internal_error("hc_fused: too many tokens in one launch");
+  if (a.defer_comb && !(a.T <= kHcSmallT && a.hc == 4 && !a.head))
+    return internal_error("hc_fused: only the decode variant leaves comb to a job");
   if (a.T <= kHcSmallT && a.hc == 4) {
     const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
     const size_t nb = grid.x;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/device_weights.h"
 
 namespace aff::cuda {
@@ -33,10 +34,11 @@ Status router_topk(const RouterArgs& a, cudaStream_t stream);
 
 // Decode (T <= 8): the router gate (BF16 or F32 [E, D], the logits into
 // a.logits) and router_topk in one launch; ticket: one u32, zero between
-// launches (the kernel leaves it zero).
+// launches (the kernel leaves it zero). job: a deferred mHC comb the launch
+// finishes in one extra block beside the gate (mhc.h; none by default).
 bool router_gate_topk_supports(const RouterArgs& a, const DeviceLinear& gate);
 Status router_gate_topk(const RouterArgs& a, const DeviceLinear& gate, const float* x, unsigned* ticket,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const HcCombJob& job = {});
 
 struct ExpertFfnArgs {
   const ExpertSlot* slots = nullptr;  // device table, indexed by expert id

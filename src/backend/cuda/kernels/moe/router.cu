@@ -3,6 +3,7 @@
 #include <cfloat>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
@@ -97,11 +98,20 @@ constexpr int kGateRows = kGateWarps / kGateSplit;  // gate rows per block
 constexpr int kGateBatch = 8;  // 16-byte loads in flight per lane
 template <bool kBf16>
 __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterArgs a, const uint8_t* gate, int64_t D,
-                                                                         const float* x, unsigned* ticket) {
+                                                                         const float* x, unsigned* ticket,
+                                                                         HcCombJob job) {
   extern __shared__ float smem[];  // per warp: [E] scores, [E] keys; then [T, E] logits
   __shared__ int32_t sel[kGateWarps][32];
   __shared__ float slice_sum[kGateWarps][kGateWarps];  // [warp][token]
   __shared__ bool last;
+  // A deferred mHC comb (mhc.h) in one extra block, the last, beside the gate.
+  const unsigned gate_blocks = gridDim.x - (job.comb != nullptr ? 1u : 0u);
+  if (blockIdx.x == gate_blocks) {
+    pdl_launch_dependents();
+    pdl_wait();  // the comb logits are the previous kernel's output
+    hc_comb_job_run(job);
+    return;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = int(blockIdx.x) * kGateRows + warp / kGateSplit, slice = warp % kGateSplit;
   const bool row_ok = e < a.E;
@@ -175,7 +185,7 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    last = atomicAdd(ticket, 1u) == gate_blocks - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -210,12 +220,13 @@ bool router_gate_topk_supports(const RouterArgs& a, const DeviceLinear& gate) {
 }
 
 Status router_gate_topk(const RouterArgs& a, const DeviceLinear& gate, const float* x, unsigned* ticket,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const HcCombJob& job) {
   if (!router_gate_topk_supports(a, gate)) return internal_error("router_gate_topk: unsupported shape or format");
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return internal_error("router_gate_topk: x must be 16-byte aligned");
-  const dim3 grid(unsigned((a.E + kGateRows - 1) / kGateRows)), block(kGateWarps * 32);
+  const dim3 grid(unsigned((a.E + kGateRows - 1) / kGateRows + (job.comb != nullptr ? 1 : 0))), block(kGateWarps * 32);
   const auto kernel = gate.format == DevFormat::kBF16 ? router_gate_topk_sm90<true> : router_gate_topk_sm90<false>;
-  const cudaError_t e = launch_pdl(kernel, grid, block, gate_topk_smem(a), stream, a, gate.weight, gate.in, x, ticket);
+  const cudaError_t e =
+      launch_pdl(kernel, grid, block, gate_topk_smem(a), stream, a, gate.weight, gate.in, x, ticket, job);
   return cuda_status(e, "router_gate_topk_sm90");
 }
 
