@@ -168,13 +168,30 @@ TEST(AttentionMma, PrefillMatchesReference) {
 }
 
 // Indexer scores: sum_h w[t,h] * w_scale * relu(q[t,h] . k[j]) for the visible j.
+// rope_dim > 0: the launch is given q without its RoPE (the trailing rope_dim
+// dims, interleaved pairs, at each query's position) and applies it; the
+// reference rotates q first.
 void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd, int ratio, MmaPrecision prec,
-                      std::mt19937_64& rng) {
-  SCOPED_TRACE("T " + std::to_string(T) + " pos0 " + std::to_string(pos0) + " nh " + std::to_string(nh));
+                      std::mt19937_64& rng, int rope_dim = 0) {
+  SCOPED_TRACE("T " + std::to_string(T) + " pos0 " + std::to_string(pos0) + " nh " + std::to_string(nh) +
+               " rope " + std::to_string(rope_dim));
   std::vector<float> q = randn(size_t(T * nh * hd), rng), w = randn(size_t(T * nh), rng),
                      keys = randn(size_t(capacity * hd), rng);
+  std::vector<float> q_given = q, inv_freq(size_t(rope_dim / 2));
+  for (int p = 0; p < rope_dim / 2; ++p) inv_freq[size_t(p)] = float(std::pow(160000.0, -2.0 * p / rope_dim));
+  for (int64_t t = 0; t < T && rope_dim > 0; ++t)
+    for (int h = 0; h < nh; ++h)
+      for (int p = 0; p < rope_dim / 2; ++p) {
+        const double ang = double(float(pos0 + t) * inv_freq[size_t(p)]);
+        float* v = q.data() + (t * nh + h) * hd + (hd - rope_dim) + 2 * p;
+        const double x0 = v[0], x1 = v[1];
+        v[0] = float(x0 * std::cos(ang) - x1 * std::sin(ang));
+        v[1] = float(x1 * std::cos(ang) + x0 * std::sin(ang));
+      }
+  auto dfreq = upload_vector(rope_dim > 0 ? inv_freq : std::vector<float>{0.0f}, "inv_freq");
+  ASSERT_TRUE(dfreq.is_ok());
   const float w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
-  auto dq = upload_vector(q, "q"), dw = upload_vector(w, "w"), dk = upload_vector(keys, "keys");
+  auto dq = upload_vector(q_given, "q"), dw = upload_vector(w, "w"), dk = upload_vector(keys, "keys");
   auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{pos0, T}}, "step");
   auto dsc = DeviceBuffer::allocate(size_t(T * capacity) * 4, "scores");
   ASSERT_TRUE(dq.is_ok() && dw.is_ok() && dk.is_ok() && dstep.is_ok() && dsc.is_ok());
@@ -182,6 +199,7 @@ void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd,
   a.step = dstep->as<StepInfo>(), a.q = dq->as<float>(), a.w = dw->as<float>(), a.w_scale = w_scale;
   a.keys = dk->as<float>(), a.T = T, a.capacity = capacity, a.nh = nh, a.hd = hd, a.ratio = ratio;
   a.precision = prec, a.scores = dsc->as<float>();
+  if (rope_dim > 0) a.rope_freq = dfreq->as<float>(), a.rope_dim = rope_dim;
   ASSERT_TRUE(indexer_scores(a, nullptr).is_ok());
   auto got = download_vector(dsc->as<float>(), size_t(T * capacity), "scores");
   ASSERT_TRUE(got.is_ok());
@@ -222,6 +240,9 @@ TEST(IndexerScoresMma, MatchesReference) {
   run_indexer_case(37, 500, 140, 64, 128, 4, MmaPrecision::kBf16x3, rng);   // prefill, visibility grows
   run_indexer_case(19, 40, 30, 6, 128, 4, MmaPrecision::kBf16x3, rng);      // tiny head count
   run_indexer_case(37, 500, 140, 64, 128, 4, MmaPrecision::kBf16, rng);
+  // q given without its RoPE (the decode step's stacked indexer queries).
+  run_indexer_case(1, 4095, 1100, 64, 128, 4, MmaPrecision::kBf16x3, rng, 64);
+  run_indexer_case(3, 77, 30, 6, 128, 4, MmaPrecision::kBf16x3, rng, 64);
 }
 
 }  // namespace

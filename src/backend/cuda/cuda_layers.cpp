@@ -168,8 +168,9 @@ Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
 
 // The indexer's choice on stream s, once its inputs are ready there: every
 // visible entry's score, then the top-k into ws.sel / ws.sel_count.
+// rope_q: ws.iq is still without its RoPE, which the scores launch applies.
 Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st, int64_t T,
-                      cudaStream_t s) {
+                      cudaStream_t s, bool rope_q = false) {
   const dsv4::ModelConfig& c = m.config;
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   IndexerScoreArgs a;
@@ -178,6 +179,7 @@ Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
   a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
+  if (rope_q) a.rope_freq = st.rope_compress.as<float>(), a.rope_dim = c.rope_dim;
   if (ablated("isel")) return Status::ok();
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
@@ -348,7 +350,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                            (!compressed || !w.indexer.present || gemv_normable(w.indexer.wq_b));
   if (!fold_q_norm) AFF_RETURN_IF_ERROR(rmsnorm_f32(qr, qr, T, c.q_lora_rank, w.q_norm, eps, s));
   // Decode: the indexer's queries come out of wq_b's launch (their weights
-  // stacked under wq_b's: both read the normed qr) and get their RoPE in
+  // stacked under wq_b's: both read the normed qr), and the scores launch
+  // applies their RoPE, so the selection starts right after wq_b, beside
   // qkv_finish. Launched on a stream of their own they waited for wq_b's
   // blocks, which fill the GPU as soon as wq_a ends, and cost a RoPE launch.
   const bool iq_stacked = fork_indexer && fold_q_norm && stack_iq_enabled() && !ablated("entries") &&
@@ -382,6 +385,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     AFF_RETURN_IF_ERROR(linear(w.wq_b, qr, T, q, s));
   }
   prof_mark(s, "attn.q_norm+wq_b");
+  // The indexer's choice waits for its queries (here) and its other inputs (on its stream).
+  if (iq_stacked) {
+    AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
+    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel, /*rope_q=*/true));
+  }
   if (!paired) {
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
     prof_mark(s, "attn.wkv");
@@ -392,14 +400,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
-    if (iq_stacked) f.parts[f.n_parts++] = QkvPart{ws.iq.as<float>(), c.index_n_heads, c.index_head_dim, false, nullptr, freq};
     if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish(f, s));
     prof_mark(s, "attn.qkv_finish");
-  }
-  // The indexer's choice waits for its queries (here) and its other inputs (on its stream).
-  if (iq_stacked) {
-    AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
-    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel));
   }
 
   AttentionArgs a;

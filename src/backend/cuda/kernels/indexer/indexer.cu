@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
   const int k_steps = (a.hd + 15) / 16;
   const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [64 kh, +64)
 
+  __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
+  const int rope_off = a.hd - a.rope_dim;
   for (int64_t t = t0; t < t_end; ++t) {
     const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
     if (key0 >= n_vis) continue;  // uniform over the block
@@ -104,6 +106,24 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
         const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
         v[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
+        // (the previous token's table was last read before this loop's later barriers)
+        for (int p = threadIdx.x; p < a.rope_dim / 2; p += kThreads) {
+          float sn, cs;
+          sincosf(float(step.pos0 + t) * a.rope_freq[p], &sn, &cs);
+          rope_tab[p] = make_float2(cs, sn);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
+          if (d < rope_off || d >= a.hd) continue;
+          const float4 c = reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4];  // c0, s0, c1, s1
+          const float4 n = v[i];
+          v[i] = make_float4(n.x * c.x - n.y * c.y, n.y * c.x + n.x * c.y, n.z * c.z - n.w * c.w,
+                             n.w * c.z + n.z * c.w);
+        }
       }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
@@ -341,6 +361,8 @@ Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   if (a.hd <= 0 || a.hd > kMaxHd || a.hd % 8 != 0)
     return unsupported("indexer_scores: index_head_dim must be a multiple of 8 and at most 128 on the GPU");
   if ((a.T + kQueries - 1) / kQueries > 65535) return internal_error("indexer_scores: too many queries in one launch");
+  if (a.rope_freq != nullptr && (a.rope_dim <= 0 || a.rope_dim % 4 != 0 || a.rope_dim > a.hd))
+    return unsupported("indexer_scores: the RoPE tail must be a positive multiple of 4 dims, at most index_head_dim");
   return a.precision == MmaPrecision::kBf16x3 ? launch_scores<true>(a, stream) : launch_scores<false>(a, stream);
 }
 

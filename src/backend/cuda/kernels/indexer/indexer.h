@@ -27,11 +27,16 @@ struct IndexerScoreArgs {
   int nh = 0, hd = 0, ratio = 0;
   MmaPrecision precision = MmaPrecision::kBf16x3;
   float* scores = nullptr;      // out [T, capacity]: sum_h w[t,h] relu(q[t,h] . k[j]) for visible j
+  // Non-null: q is given without its RoPE, which the kernel applies as it
+  // loads q (the trailing rope_dim dims of each head, interleaved pairs, at
+  // position step->pos0 + t; qkv_finish's arithmetic). [rope_dim / 2] device.
+  const float* rope_freq = nullptr;
+  int rope_dim = 0;
 };
 
 // Entry j is visible to the query at position p when j < (p + 1) / ratio.
 // Columns at or past the last visible entry are left unwritten or -inf.
-// nh <= 64, hd <= 128, hd % 8 == 0.
+// nh <= 64, hd <= 128, hd % 8 == 0 (and rope_dim % 4 == 0, <= hd, with rope_freq).
 Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream);
 
 struct TopkArgs {
