@@ -20,10 +20,13 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/check/op_check.h"
+#include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_buffer.h"
@@ -31,6 +34,7 @@
 #include "backend/ref/norm.h"
 #include "backend/ref/rope.h"
 #include "core/dtype.h"
+#include "device_random_linear.h"
 #include "gpu_test_util.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/mhc.h"
@@ -249,6 +253,79 @@ TEST(HcFused, MatchesCpuAtDecodeAndPrefillSizes) {
       EXPECT_TRUE(same_bits(got->post, deferred->post)) << "post differs with a deferred comb";
       EXPECT_TRUE(same_bits(got->comb, deferred->comb)) << "comb differs with a deferred comb";
     }
+  }
+}
+
+// A deferred comb (HcCombJob) finished by the extra block of the launches that
+// take it (the wq_a + wkv pair GEMV, the decode router) must get the bits its
+// own launch (hc_comb_run) gives, while those launches still do their own work.
+TEST(HcCombJob, ExtraBlocksGiveTheBitsOfTheJobsOwnLaunch) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int64_t T : {1, 3, 8}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const std::vector<float> logits = randn(rng, size_t(T * kHc * kHc), 0.0f, 2.0f);
+    auto own = upload_vector(logits, "comb");
+    auto by_pair = upload_vector(logits, "comb");
+    auto by_router = upload_vector(logits, "comb");
+    ASSERT_TRUE(own.is_ok() && by_pair.is_ok() && by_router.is_ok());
+    auto job = [&](DeviceBuffer& b) { return HcCombJob{b.as<float>(), T, kHc, 20, 1e-6f}; };
+    ASSERT_TRUE(hc_comb_run(job(*own), nullptr).is_ok());
+
+    // The pair GEMV with the job, against the same pair without it.
+    const int64_t D = 1024;
+    testing::RandomWeight w1 = testing::make_weight(DevFormat::kFP8Block, 256, D, rng);
+    testing::RandomWeight w2 = testing::make_weight(DevFormat::kFP8Block, 128, D, rng);
+    auto x = upload_vector(randn(rng, size_t(T * D)), "x");
+    auto y1 = DeviceBuffer::allocate(size_t(T * 256) * 4, "y1"), y2 = DeviceBuffer::allocate(size_t(T * 128) * 4, "y2");
+    auto z1 = DeviceBuffer::allocate(size_t(T * 256) * 4, "z1"), z2 = DeviceBuffer::allocate(size_t(T * 128) * 4, "z2");
+    ASSERT_TRUE(x.is_ok() && y1.is_ok() && y2.is_ok() && z1.is_ok() && z2.is_ok());
+    ASSERT_TRUE(gemv_mma_pair(w1.w, w2.w, x->as<float>(), D, T, y1->as<float>(), 256, y2->as<float>(), 128, nullptr,
+                              nullptr, 0.0f, job(*by_pair))
+                    .is_ok());
+    ASSERT_TRUE(
+        gemv_mma_pair(w1.w, w2.w, x->as<float>(), D, T, z1->as<float>(), 256, z2->as<float>(), 128, nullptr).is_ok());
+
+    // The router with the job, against the router without it.
+    testing::RandomWeight gate = testing::make_weight(DevFormat::kBF16, 256, 4096, rng);
+    auto gx = upload_vector(randn(rng, size_t(T * 4096), 0.0f, 0.05f), "x");
+    auto ticket = upload_vector(std::vector<uint32_t>{0u}, "ticket");
+    auto lg = DeviceBuffer::allocate(size_t(T * 256) * 4, "logits"), lg2 = DeviceBuffer::allocate(size_t(T * 256) * 4, "logits");
+    auto ids = DeviceBuffer::allocate(size_t(T * 6) * 4, "ids"), ids2 = DeviceBuffer::allocate(size_t(T * 6) * 4, "ids");
+    auto rw = DeviceBuffer::allocate(size_t(T * 6) * 4, "w"), rw2 = DeviceBuffer::allocate(size_t(T * 6) * 4, "w");
+    ASSERT_TRUE(gx.is_ok() && ticket.is_ok() && lg.is_ok() && lg2.is_ok() && ids.is_ok() && ids2.is_ok() && rw.is_ok() &&
+                rw2.is_ok());
+    RouterArgs r;
+    r.T = T, r.E = 256, r.k = 6, r.func = ScoreFunc::kSqrtSoftplus, r.scaling = 1.5f;
+    RouterArgs r2 = r;
+    r.logits = lg->as<float>(), r.ids = ids->as<int32_t>(), r.weights = rw->as<float>();
+    r2.logits = lg2->as<float>(), r2.ids = ids2->as<int32_t>(), r2.weights = rw2->as<float>();
+    ASSERT_TRUE(router_gate_topk(r, gate.w, gx->as<float>(), ticket->as<unsigned>(), nullptr, job(*by_router)).is_ok());
+    ASSERT_TRUE(router_gate_topk(r2, gate.w, gx->as<float>(), ticket->as<unsigned>(), nullptr).is_ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    const size_t n = size_t(T * kHc * kHc);
+    auto want = download_vector(own->as<float>(), n, "comb");
+    auto got_pair = download_vector(by_pair->as<float>(), n, "comb");
+    auto got_router = download_vector(by_router->as<float>(), n, "comb");
+    ASSERT_TRUE(want.is_ok() && got_pair.is_ok() && got_router.is_ok());
+    EXPECT_FALSE(same_bits(*want, logits)) << "the job left the logits as they were";
+    EXPECT_TRUE(same_bits(*want, *got_pair)) << "the pair GEMV's job block";
+    EXPECT_TRUE(same_bits(*want, *got_router)) << "the router's job block";
+    for (auto [a, b, what] : {std::tuple{&*y1, &*z1, "pair y1"}, std::tuple{&*y2, &*z2, "pair y2"},
+                              std::tuple{&*lg, &*lg2, "router logits"}, std::tuple{&*rw, &*rw2, "router weights"}}) {
+      auto u = download_vector(a->as<float>(), a->bytes() / 4, what), v = download_vector(b->as<float>(), b->bytes() / 4, what);
+      ASSERT_TRUE(u.is_ok() && v.is_ok());
+      EXPECT_TRUE(same_bits(*u, *v)) << what << " changed with the job";
+    }
+    auto i1 = download_vector(ids->as<int32_t>(), size_t(T * 6), "ids"), i2 = download_vector(ids2->as<int32_t>(), size_t(T * 6), "ids");
+    ASSERT_TRUE(i1.is_ok() && i2.is_ok());
+    EXPECT_EQ(*i1, *i2) << "router picks changed with the job";
+    auto tk = download_vector(ticket->as<uint32_t>(), 1, "ticket");
+    ASSERT_TRUE(tk.is_ok());
+    EXPECT_EQ((*tk)[0], 0u) << "the router's ticket must be left at zero";
   }
 }
 
