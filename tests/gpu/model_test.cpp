@@ -129,17 +129,22 @@ Agreement agreement(const std::vector<float>& got, const std::vector<float>& wan
   return {rel_rms(got.data(), want.data(), want.size()), double(same) / double(T)};
 }
 
-std::vector<float> gpu_logits_chunked(const DeviceModel& dev, const std::vector<int32_t>& tokens, size_t chunk) {
+// Logits of every token, fed in chunks whose sizes cycle through `pattern`
+// (0: everything at once).
+std::vector<float> gpu_logits_chunked(const DeviceModel& dev, const std::vector<int32_t>& tokens,
+                                      std::vector<size_t> pattern) {
   auto st = make_gpu_state(dev, int64_t(tokens.size()), 64);
   EXPECT_TRUE(st.is_ok()) << st.status().message();
   if (!st.is_ok()) return {};
   std::vector<float> all, part;
-  if (chunk == 0) chunk = tokens.size();
-  for (size_t i = 0; i < tokens.size(); i += chunk) {
-    const size_t n = std::min(chunk, tokens.size() - i);
+  size_t turn = 0;
+  for (size_t i = 0; i < tokens.size();) {
+    const size_t chunk = pattern[turn++ % pattern.size()];
+    const size_t n = chunk == 0 ? tokens.size() - i : std::min(chunk, tokens.size() - i);
     const Status s = gpu_forward(dev, **st, std::span(tokens).subspan(i, n), true, part);
     EXPECT_TRUE(s.is_ok()) << s.message();
     all.insert(all.end(), part.begin(), part.end());
+    i += n;
   }
   return all;
 }
@@ -161,8 +166,12 @@ TEST_P(GoldenGpuTest, MatchesTransformersOneShotChunkedAndDecode) {
   ASSERT_EQ(want->shape.size(), 2u);
   const int64_t T = want->shape[0], V = want->shape[1];
   ASSERT_EQ(T, int64_t(tokens.size()));
-  for (const auto& [name, chunk] : {std::pair<const char*, size_t>{"one-shot", 0}, {"chunk 64", 64}, {"token-by-token", 1}}) {
-    const std::vector<float> got = gpu_logits_chunked(**dev, tokens, chunk);
+  // "mixed": single tokens (decode steps) and short chunks that start inside a
+  // compressor block after them, as a conversation alternates the two.
+  const std::vector<std::pair<const char*, std::vector<size_t>>> schedules = {
+      {"one-shot", {0}}, {"chunk 64", {64}}, {"token-by-token", {1}}, {"mixed", {5, 1, 1, 3, 1, 2, 1, 1, 1, 6}}};
+  for (const auto& [name, pattern] : schedules) {
+    const std::vector<float> got = gpu_logits_chunked(**dev, tokens, pattern);
     ASSERT_EQ(got.size(), want->data.size()) << name;
     const Agreement a = agreement(got, want->data, T, V);
     std::printf("[golden-gpu] %s %-15s rel_rms %.3e top1 %.4f\n", GetParam().c_str(), name, a.rel_rms, a.top1);

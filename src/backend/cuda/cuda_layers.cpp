@@ -67,6 +67,13 @@ bool comb_job_enabled() {
   return on;
 }
 
+// AFF_CUDA_COMP_DEFER=0: a decode step projects its compressors' inputs
+// itself instead of leaving them to the step that completes a block (comparisons).
+bool defer_enabled() {
+  static const bool on = env_switch_on("AFF_CUDA_COMP_DEFER");
+  return on;
+}
+
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // AFF_CUDA_POOL_STORE=0: a decode step's compressor ring stores as launches
@@ -93,35 +100,77 @@ RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool
   return r;
 }
 
-// Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
-// finishes (norm, RoPE) every entry the chunk completes, on stream s. kv,
-// gate: [T, width] scratch for its two projections. Nothing here depends on
-// the position on the host, so a captured decode step stays valid.
-Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
-                      const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s) {
-  const int r = c.ratio, d = c.dim;
-  const int64_t width = (c.overlap ? 2 : 1) * int64_t(d);
+// x: [T, D] (rows ldx apart) through a compressor's two projections into kv,
+// gate: [T, width]. only_at: run only in a decode step that completes a
+// block (the tensor-core pair leaves at once otherwise; other paths compute
+// rows nobody reads).
+Status compressor_project(const DeviceCompressor& c, const float* x, int64_t ldx, int64_t T, float* kv, float* gate,
+                          int64_t width, cudaStream_t s, const StepInfo* only_at = nullptr) {
   // Decode: both projections of x in one launch (each is a few microseconds
   // of latency, and the chain they start is on the step's critical path).
   if (!linear_uses_gemm(c.wkv, T) && !linear_uses_gemm(c.wgate, T) && gemv_mma_pair_supports(c.wkv, c.wgate)) {
-    AFF_RETURN_IF_ERROR(gemv_mma_pair(c.wkv, c.wgate, x, c.wkv.in, T, kv, width, gate, width, s));
-  } else {
-    AFF_RETURN_IF_ERROR(linear(c.wkv, x, T, kv, s));
-    AFF_RETURN_IF_ERROR(linear(c.wgate, x, T, gate, s));
+    PairOptions o;
+    if (only_at != nullptr) o.step = only_at, o.complete_ratio = c.ratio;
+    return gemv_mma_pair(c.wkv, c.wgate, x, ldx, T, kv, width, gate, width, s, o);
   }
+  AFF_RETURN_IF_ERROR(linear_rows(c.wkv, 0, c.wkv.out, x, ldx, T, kv, width, s));
+  return linear_rows(c.wgate, 0, c.wgate.out, x, ldx, T, gate, width, s);
+}
+
+// Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
+// finishes (norm, RoPE) every entry the chunk completes, on stream s. kv,
+// gate: [max(T, ratio), width] scratch for its two projections. Nothing here
+// depends on the position on the host for T == 1, so a captured decode step
+// stays valid.
+//
+// A compressor of ratio <= kCompressorDeferMaxRatio defers a decode step's
+// projections to the step that completes a block (they are read only when an
+// entry is pooled): each step keeps its x in cs.ring_x, and the completing
+// step projects the block's rows in one launch (the same per-token sums).
+// A CSA layer then reads its compressors' BF16 weights (21 MB at V4 size)
+// once per 4 tokens instead of every token. A longer chunk that starts inside
+// a block first projects the block's earlier rows from the x ring into the
+// projection rings, as the steps before it may have left them there only.
+Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
+                      const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s) {
+  const int r = c.ratio, d = c.dim;
+  const int64_t width = (c.overlap ? 2 : 1) * int64_t(d), D = c.wkv.in;
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
+  const bool x_ring = cs.ring_x.bytes() > 0 && r <= kCompressorDeferMaxRatio && defer_enabled();
+  const StepInfo* step = st.step.as<StepInfo>();
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
   p.ring_kv = cs.ring_kv.as<float>(), p.ring_gate = cs.ring_gate.as<float>();
-  p.step = st.step.as<StepInfo>(), p.T = T, p.ratio = r, p.dim = d, p.overlap = c.overlap;
+  p.step = step, p.T = T, p.ratio = r, p.dim = d, p.overlap = c.overlap;
   p.norm = c.norm, p.eps = eps_of(m);
   p.inv_freq = st.rope_compress.as<float>(), p.rope_dim = m.config.rope_dim;
   p.entries = cs.entries.as<float>();
+  RingStoreArgs xs;  // x rows into the x ring
+  xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = r, xs.step = step, xs.T = T, xs.width = D;
+  if (x_ring && T == 1 && fused_ring_enabled()) {
+    AFF_RETURN_IF_ERROR(ring_store(xs, s));
+    AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, r, kv, gate, width, s, step));
+    p.deferred = true, p.store_ring = true;
+    return compressor_pool(p, s);
+  }
+  RingStoreArgs rs;
+  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.step = step, rs.width = width;
+  if (x_ring && pos0 % r != 0) {  // the block's earlier rows, from the x ring into the projection rings
+    const int64_t k = pos0 % r;
+    AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, k, kv, gate, width, s));
+    RingStoreArgs e = rs;
+    e.T = k, e.pos_offset = -k;
+    e.src = kv;
+    AFF_RETURN_IF_ERROR(ring_store(e, s));
+    e.ring = cs.ring_gate.as<float>(), e.src = gate, e.add = c.ape, e.period = r;
+    AFF_RETURN_IF_ERROR(ring_store(e, s));
+  }
+  AFF_RETURN_IF_ERROR(compressor_project(c, x, D, T, kv, gate, width, s));
   p.store_ring = T == 1 && fused_ring_enabled();
   AFF_RETURN_IF_ERROR(compressor_pool(p, s));
+  if (x_ring) AFF_RETURN_IF_ERROR(ring_store(xs, s));
   if (p.store_ring) return Status::ok();
-  RingStoreArgs rs;
-  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.step = p.step, rs.T = T, rs.width = width;
+  rs.T = T;
   rs.src = kv;
   AFF_RETURN_IF_ERROR(ring_store(rs, s));
   rs.ring = cs.ring_gate.as<float>(), rs.src = gate, rs.add = c.ape, rs.period = r;
@@ -335,7 +384,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     // what-if timing: no query projections
   } else if (paired) {
     AFF_RETURN_IF_ERROR(
-        gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s, nullptr, 0.0f, job));
+        gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s, PairOptions{.job = job}));
     prof_mark(s, "attn.wq_a+wkv");
   } else {
     AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
@@ -378,7 +427,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     // what-if timing: no wq_b
   } else if (iq_stacked) {
     AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_b, w.indexer.wq_b, qr, c.q_lora_rank, T, q, w.wq_b.out, ws.iq.as<float>(),
-                                      w.indexer.wq_b.out, s, w.q_norm, eps));
+                                      w.indexer.wq_b.out, s, PairOptions{.norm = w.q_norm, .eps = eps}));
   } else if (fold_q_norm) {
     AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
   } else {

@@ -1,5 +1,7 @@
 #include "backend/cuda/gpu_state.h"
 
+#include "backend/cuda/kernels/compressor/compressor.h"
+
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/step_info.h"
 
@@ -70,13 +72,14 @@ Status alloc(DeviceBuffer& b, int64_t elems, size_t elem_size, const char* what)
   return Status::ok();
 }
 
-Status alloc_compressor(GpuCompressorState& s, int ratio, int dim, bool overlap, int64_t max_positions,
+Status alloc_compressor(GpuCompressorState& s, int ratio, int dim, bool overlap, int64_t max_positions, int64_t D,
                         const char* what) {
   const int64_t width = (overlap ? 2 : 1) * int64_t(dim);
   s.capacity = max_positions / ratio + 1;
   s.ratio = ratio, s.dim = dim;
   AFF_RETURN_IF_ERROR(alloc(s.ring_kv, 2 * ratio * width, 4, "compressor ring"));
   AFF_RETURN_IF_ERROR(alloc(s.ring_gate, 2 * ratio * width, 4, "compressor ring"));
+  if (ratio <= kCompressorDeferMaxRatio) AFF_RETURN_IF_ERROR(alloc(s.ring_x, int64_t(ratio) * D, 4, "compressor ring"));
   AFF_ASSIGN_OR_RETURN(s.entries, GrowableDeviceBuffer::reserve(size_t(s.capacity) * size_t(dim) * 4, what));
   return Status::ok();
 }
@@ -265,10 +268,11 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
     AFF_RETURN_IF_ERROR(alloc(ls.window, int64_t(c.sliding_window) * c.head_dim, 4, "sliding-window ring"));
     if (a.compressor.present)
       AFF_RETURN_IF_ERROR(alloc_compressor(ls.kv, a.compressor.ratio, a.compressor.dim, a.compressor.overlap,
-                                           max_positions, "compressed KV entries"));
+                                           max_positions, c.hidden_size, "compressed KV entries"));
     if (a.indexer.present) {
       const DeviceCompressor& ic = a.indexer.compressor;
-      AFF_RETURN_IF_ERROR(alloc_compressor(ls.idx, ic.ratio, ic.dim, ic.overlap, max_positions, "indexer keys"));
+      AFF_RETURN_IF_ERROR(
+          alloc_compressor(ls.idx, ic.ratio, ic.dim, ic.overlap, max_positions, c.hidden_size, "indexer keys"));
       max_idx_entries = std::max(max_idx_entries, ls.idx.capacity);
     }
   }
@@ -307,11 +311,13 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.kv, T * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.u, T * int64_t(c.o_groups) * c.o_lora_rank, 4, "workspace"));
+  // A decode step that completes a block projects that block's rows at once (compressor_run).
+  const int64_t comp_rows = std::max<int64_t>(T, kCompressorDeferMaxRatio);
   const int64_t comp_width = 2 * std::max<int64_t>(Dh, c.index_head_dim);
-  AFF_RETURN_IF_ERROR(alloc(w.comp_kv, T * comp_width, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.comp_gate, T * comp_width, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.icomp_kv, T * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.icomp_gate, T * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.comp_kv, comp_rows * comp_width, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.comp_gate, comp_rows * comp_width, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.icomp_kv, comp_rows * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.icomp_gate, comp_rows * 2 * std::max<int64_t>(c.index_head_dim, 1), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.iq, T * int64_t(c.index_n_heads) * c.index_head_dim, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.iw, T * int64_t(c.index_n_heads), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.scores, T * max_idx_entries, 4, "indexer scores"));

@@ -503,6 +503,7 @@ Status synthetic_fill_state(GpuState& state, int64_t n_past, uint64_t seed) {
       if (cs->entries.bytes() == 0) continue;
       AFF_RETURN_IF_ERROR(fill_buffer(cs->ring_kv, ++k, s));
       AFF_RETURN_IF_ERROR(fill_buffer(cs->ring_gate, ++k, s));
+      if (cs->ring_x.bytes() > 0) AFF_RETURN_IF_ERROR(fill_buffer(cs->ring_x, k ^ 0x5bd1e995u, s));  // k unchanged: the other buffers keep their contents
       AFF_RETURN_IF_ERROR(fill_buffer(cs->entries, ++k, s));
     }
   }

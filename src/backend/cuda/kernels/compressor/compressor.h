@@ -34,7 +34,19 @@ struct CompressorPoolArgs {
   // With more tokens a later token's store could overwrite a row an entry
   // still pools, so longer chunks store after the pool.
   bool store_ring = false;
+  // T == 1 only: the projections were deferred to the step that completes a
+  // block (ratio <= kCompressorDeferMaxRatio). kv and gate then hold the rows
+  // of the block's `ratio` positions, ending at the current one, and are
+  // valid only in a completing step; with store_ring, that step stores all of
+  // them (the next entry pools the older half of an overlapped window from
+  // the ring). A step that completes nothing does nothing.
+  bool deferred = false;
 };
+
+// Largest ratio whose projections a decode step may defer to the completing
+// step: its `ratio` rows of x are kept in a ring (GpuCompressorState::ring_x)
+// and projected in one launch there.
+constexpr int kCompressorDeferMaxRatio = 4;
 
 // Completes every entry the chunk finishes (ids from StepInfo, so a captured
 // decode step completes one exactly when its position closes a block):
@@ -52,6 +64,7 @@ struct RingStoreArgs {
   const StepInfo* step = nullptr;  // device: positions [pos0, pos0 + T)
   int64_t T = 0;                   // host copy of step->T
   int64_t width = 0;
+  int64_t pos_offset = 0;          // row t is position step->pos0 + pos_offset + t
 };
 
 // Stores the chunk's last min(T, capacity) rows into the ring (attention

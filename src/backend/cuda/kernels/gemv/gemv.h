@@ -12,6 +12,7 @@
 #include "affinity/status.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/device_weights.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
@@ -51,17 +52,29 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 // rmsnorm_f32 computes it: the norm folded into the projection's launch.
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
                        cudaStream_t stream);
+// What a gemv_mma_pair launch may do besides its two projections:
+//  - norm ([w1.in], optional): x's rows are rmsnorm'd with it first, as
+//    gemv_mma_normed does (x then packed, ldx = w1.in);
+//  - job: a deferred mHC comb finished in one extra block (mhc.h);
+//  - step + complete_ratio > 0: the launch runs only in a decode step whose
+//    position completes a block of complete_ratio positions ((pos0 + 1) %
+//    ratio == 0, pos0 read from the device's StepInfo); otherwise every block
+//    leaves at once (a compressor's projections, needed only then).
+struct PairOptions {
+  const float* norm = nullptr;
+  float eps = 0.0f;
+  HcCombJob job;
+  const StepInfo* step = nullptr;
+  int complete_ratio = 0;
+};
+
 // Two projections of the same x in one launch (w1's rows, then w2's, as if
 // stacked): y1 [T, w1.out] (token t at y1 + t*ldy1) = x W1^T and y2 [T, w2.out]
 // = x W2^T, each with gemv_mma's arithmetic. Needs both supported, the same
-// format, width and block scales, and w1.out % 16 == 0. norm (optional, [w1.in]):
-// x's rows are rmsnorm'd with it first, as gemv_mma_normed does (x then
-// packed, ldx = w1.in). job: a deferred mHC comb the launch finishes in one
-// extra block beside the projections (mhc.h; none by default).
+// format, width and block scales, and w1.out % 16 == 0.
 bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2);
 Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float* x, int64_t ldx, int64_t T, float* y1,
-                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream, const float* norm = nullptr,
-                     float eps = 0.0f, const HcCombJob& job = {});
+                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream, const PairOptions& o = {});
 // Raises the kernels' shared-memory limit (part of gemv_prepare).
 Status gemv_mma_prepare();
 // Whether the forward pass sends w (rows from row_begin, groups of

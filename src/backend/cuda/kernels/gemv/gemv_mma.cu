@@ -69,7 +69,7 @@ int64_t round_up16(int64_t n) { return (n + kTile - 1) / kTile * kTile; }
 constexpr int kMaxTok = 8;         // tokens per launch (the MMA's N)
 constexpr int kMaxWarps = 16;
 constexpr int kPad = 8;            // 16-bit values after each staged token row: rows start 16 bytes apart mod 128
-constexpr int64_t kMaxStageBytes = 96 * 1024;
+constexpr int64_t kMaxStageBytes = 100 * 1024;  // two blocks per SM; four BF16 tokens of 4096 columns (exact)
 
 struct MmaArgs {
   DeviceLinear w;
@@ -94,6 +94,9 @@ struct MmaArgs {
   // A deferred mHC comb (mhc.h) finished by one extra block, the last of the
   // grid (one row group): it runs beside the projection, off the step's path.
   HcCombJob job;
+  // Non-null: run only when (run_step->pos0 + 1) % run_ratio == 0 (PairOptions).
+  const StepInfo* run_step;
+  int run_ratio;
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
@@ -127,6 +130,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
     pdl_wait();  // the comb logits are the previous kernel's output
     hc_comb_job_run(a.job);
     return;
+  }
+  if (a.run_step != nullptr) {  // a step that completes no block has nothing for this launch
+    pdl_launch_dependents();
+    pdl_wait();  // StepInfo is written before the step's first kernel; waiting keeps the chain's order simple
+    if ((a.run_step->pos0 + 1) % a.run_ratio != 0) return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -437,7 +445,7 @@ namespace {
 Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
                   float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, const DeviceLinear* pair2,
                   float* y2, int64_t ldy2, cudaStream_t stream, const float* x_norm = nullptr, float eps = 0.0f,
-                  const HcCombJob& job = {}) {
+                  const HcCombJob& job = {}, const StepInfo* run_step = nullptr, int run_ratio = 0) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
   const bool exact = mma_precision() != MmaPrecision::kBf16;
@@ -469,7 +477,7 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps,
-              t0 == 0 ? job : HcCombJob{}};
+              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio};
     const dim3 grid{unsigned(blocks + (a.job.comb != nullptr ? 1 : 0)), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
     AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
@@ -503,13 +511,16 @@ bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2) {
 }
 
 Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float* x, int64_t ldx, int64_t T, float* y1,
-                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream, const float* norm, float eps,
-                     const HcCombJob& job) {
-  if (T <= 0) return hc_comb_run(job, stream);
+                     int64_t ldy1, float* y2, int64_t ldy2, cudaStream_t stream, const PairOptions& o) {
+  if (T <= 0) return hc_comb_run(o.job, stream);
   if (!gemv_mma_pair_supports(w1, w2)) return internal_error("gemv_mma_pair: weights cannot share a launch");
-  if (norm != nullptr && ldx != w1.in) return internal_error("gemv_mma_pair: a normed x must be packed");
+  if (o.norm != nullptr && ldx != w1.in) return internal_error("gemv_mma_pair: a normed x must be packed");
+  if (o.step != nullptr && o.complete_ratio <= 0) return internal_error("gemv_mma_pair: a step gate needs a ratio");
+  if (o.step != nullptr && o.job.comb != nullptr)
+    return internal_error("gemv_mma_pair: a launch that may skip itself cannot carry a comb job");
   const int64_t rows = w1.out + w2.out;
-  return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream, norm, eps, job);
+  return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream, o.norm, o.eps, o.job,
+                    o.step, o.step != nullptr ? o.complete_ratio : 0);
 }
 
 }  // namespace aff::cuda
