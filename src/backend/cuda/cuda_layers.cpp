@@ -74,6 +74,13 @@ bool defer_enabled() {
   return on;
 }
 
+// AFF_CUDA_SITE_XRING=0: the deferred compressors store their x themselves
+// instead of the mHC site before the attention writing it (comparisons).
+bool site_x_rings_enabled() {
+  static const bool on = env_switch_on("AFF_CUDA_SITE_XRING");
+  return on;
+}
+
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
 
 // AFF_CUDA_POOL_STORE=0: a decode step's compressor ring stores as launches
@@ -131,8 +138,10 @@ Status compressor_project(const DeviceCompressor& c, const float* x, int64_t ldx
 // once per 4 tokens instead of every token. A longer chunk that starts inside
 // a block first projects the block's earlier rows from the x ring into the
 // projection rings, as the steps before it may have left them there only.
+// x_stored: this step's x is already in cs.ring_x (the mHC site wrote it).
 Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
-                      const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s) {
+                      const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s,
+                      bool x_stored = false) {
   const int r = c.ratio, d = c.dim;
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d), D = c.wkv.in;
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
@@ -148,7 +157,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   RingStoreArgs xs;  // x rows into the x ring
   xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = r, xs.step = step, xs.T = T, xs.width = D;
   if (x_ring && T == 1 && fused_ring_enabled()) {
-    AFF_RETURN_IF_ERROR(ring_store(xs, s));
+    if (!x_stored) AFF_RETURN_IF_ERROR(ring_store(xs, s));  // else the mHC site before wrote it
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, r, kv, gate, width, s, step));
     p.deferred = true, p.store_ring = true;
     return compressor_pool(p, s);
@@ -187,17 +196,18 @@ struct IndexerStreams {
 
 // The indexer's inputs: its compressor's entries (on ss.sel), the head
 // weights into ws.iw (on ss.w, then joined to ss.sel) and, unless the query
-// path computes them (iq_given: wq_b's launch and qkv_finish), the queries
-// into ws.iq with RoPE (on ss.q, joined to ss.sel). q_norm: null when qr is
-// already normalised, else its rmsnorm weight (folded into wq_b).
+// path computes them (iq_given: wq_b's launch), the queries into ws.iq with
+// RoPE (on ss.q, joined to ss.sel). q_norm: null when qr is already
+// normalised, else its rmsnorm weight (folded into wq_b). x_stored: the mHC
+// site wrote x into the indexer compressor's x ring.
 Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
                       const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0,
-                      const IndexerStreams& ss, bool iq_given) {
+                      const IndexerStreams& ss, bool iq_given, bool x_stored) {
   const dsv4::ModelConfig& c = m.config;
   const cudaStream_t s = ss.sel;
   if (!ablated("icomp"))
     AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, st.ws.icomp_kv.as<float>(),
-                                       st.ws.icomp_gate.as<float>(), s));
+                                       st.ws.icomp_gate.as<float>(), s, x_stored));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
   if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
@@ -311,7 +321,8 @@ Status gpu_prefetch_join(GpuState& st) {
 }
 
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
-                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer) {
+                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer,
+                   const HcXRings& x_rings) {
   if (defer != nullptr) *defer = HcCombJob{};
   const dsv4::ModelConfig& c = m.config;
   const int hc = c.hc_mult;
@@ -335,6 +346,8 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   f.x_norm = norm_weight, f.x = x;
   f.partials = st.ws.hc_partials.as<float>();
   f.tickets = st.ws.hc_tickets.as<unsigned>();
+  f.step = st.step.as<StepInfo>();
+  f.x_ring[0] = x_rings.ring[0], f.x_ring[1] = x_rings.ring[1], f.x_ring_rows = x_rings.rows;
   if (ablated("mhc")) return Status::ok();
   if (defer != nullptr && !head && T <= kHcSmallT && hc == 4 && comb_job_enabled()) {
     f.defer_comb = true;
@@ -343,8 +356,26 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   return hc_fused(f, st.stream.get());
 }
 
+HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T) {
+  HcXRings r;
+  if (T != 1 || m.config.hc_mult != 4 || !defer_enabled() || !fused_ring_enabled() || !site_x_rings_enabled() ||
+      m.config.compress_ratio(l) == 0)
+    return r;
+  const DeviceAttention& w = m.layers[size_t(l)].attn;
+  GpuLayerState& ls = st.layers[size_t(l)];
+  int n = 0;
+  auto add = [&](const DeviceCompressor& c, GpuCompressorState& cs) {
+    if (!c.present || c.ratio > kCompressorDeferMaxRatio || cs.ring_x.bytes() == 0) return;
+    if (r.rows != 0 && r.rows != c.ratio) return;  // one row count per site
+    r.rows = c.ratio, r.ring[n++] = cs.ring_x.as<float>();
+  };
+  add(w.compressor, ls.kv);
+  if (w.indexer.present) add(w.indexer.compressor, ls.idx);
+  return r;
+}
+
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job) {
+                     float* out, const HcCombJob& job, bool x_in_rings) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
@@ -408,14 +439,19 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
+  // Which x rings the mHC site before already wrote this step's x into.
+  const HcXRings rings = x_in_rings ? gpu_attention_x_rings(m, l, st, T) : HcXRings{};
+  auto stored = [&](const GpuCompressorState& cs) {
+    return cs.ring_x.bytes() > 0 && (rings.ring[0] == cs.ring_x.as<float>() || rings.ring[1] == cs.ring_x.as<float>());
+  };
   auto entries = [&]() -> Status {
     if (!ablated("comp"))
       AFF_RETURN_IF_ERROR(compressor_run(m, w.compressor, ls.kv, st, x, T, pos0, ws.comp_kv.as<float>(),
-                                         ws.comp_gate.as<float>(), side));
+                                         ws.comp_gate.as<float>(), side, stored(ls.kv)));
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(indexer_inputs(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss,
-                                         iq_stacked));
+                                         iq_stacked, stored(ls.idx)));
       if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel));
       prof_mark(s, "attn.indexer");
     }

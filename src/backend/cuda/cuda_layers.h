@@ -27,6 +27,16 @@ Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T
 // writes the chunk's StepInfo (which the kernels read) on the state's stream.
 Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T);
 
+// The x rings of layer l's compressors that defer a decode step's
+// projections (compressor_run), for the mHC site before the attention to
+// write x into (one store launch fewer per compressor); empty when there are
+// none or T != 1.
+struct HcXRings {
+  float* ring[2] = {nullptr, nullptr};
+  int rows = 0;
+};
+HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T);
+
 // One mHC site in one launch (kernels/mhc: hc_fused) for rows [first, first + T):
 // when `a` is set, h <- post_prev * a + comb_prev^T h first (the previous
 // sublayer's hc_post, coefficients from st.ws); then this site's coefficients
@@ -37,15 +47,18 @@ Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T);
 // defer (optional): at decode sizes the site may leave its comb's Sinkhorn to
 // the next launch; *defer is then that job (else empty), and the caller must
 // hand it to gpu_attention / gpu_moe, which run it before anything reads comb.
+// x_rings: rings the site also writes x to (gpu_attention_x_rings; decode).
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
-                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer = nullptr);
+                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer = nullptr,
+                   const HcXRings& x_rings = {});
 
 // Attention of layer l over x: [T, D] (after attn_norm) at positions
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
 // pos0 must equal the number of positions this layer has been fed.
 // job: the previous site's deferred comb (gpu_hc_site), run beside wq_a.
+// x_in_rings: the site before wrote x into gpu_attention_x_rings(...).
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job = {});
+                     float* out, const HcCombJob& job = {}, bool x_in_rings = false);
 
 // MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
 // device ids (hash routing). no_routed: shared expert only.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "affinity/status.h"
+#include "backend/cuda/runtime/step_info.h"
 
 namespace aff::cuda {
 
@@ -53,6 +54,13 @@ struct HcFusedArgs {
   // finish (the Sinkhorn is half the decode site's latency and only the next
   // site reads comb, so the launch after this site runs it beside its own work).
   bool defer_comb = false;
+  // Decode, one token: x is also written to row step->pos0 % x_ring_rows of
+  // each non-null x_ring ([x_ring_rows, D]: the x rings of the layer's
+  // compressors whose projections wait for the block's end), which saves
+  // those compressors a store launch each. Only the decode variant does it.
+  const StepInfo* step = nullptr;
+  float* x_ring[2] = {nullptr, nullptr};
+  int x_ring_rows = 0;
 };
 
 // The Sinkhorn of a decode site whose comb was deferred (HcFusedArgs::

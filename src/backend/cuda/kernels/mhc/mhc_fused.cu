@@ -310,6 +310,12 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
   for (int j = 0; j < HC; ++j) x = fmaf(coef[j], v[j], x);
   if (a.x_norm) x = a.x_norm[d] * (x * rms_inv(fmaxf(tot[0], 0.0f), float(D), a.norm_eps));
   a.x[t * D + d] = x;
+  if (a.x_ring_rows > 0) {  // one token (the host checks)
+    const int64_t row = a.step->pos0 % a.x_ring_rows;
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (a.x_ring[k] != nullptr) a.x_ring[k][row * D + d] = x;
+  }
 }
 
 // Prefill variant (hc 4, T > kHcSmallT). The mixes are a [T, 4D] x [4D, n_mix]
@@ -717,6 +723,8 @@ Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
   if (a.T > 65535) return internal_error("hc_fused: too many tokens in one launch");
   if (a.defer_comb && !(a.T <= kHcSmallT && a.hc == 4 && !a.head))
     return internal_error("hc_fused: only the decode variant leaves comb to a job");
+  if (a.x_ring_rows > 0 && !(a.T == 1 && a.hc == 4 && a.step != nullptr))
+    return internal_error("hc_fused: only a one-token decode site writes the x rings");
   if (a.T <= kHcSmallT && a.hc == 4) {
     const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
     const size_t nb = grid.x;
