@@ -66,6 +66,19 @@ std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
   return x;
 }
 
+// h's product with T rows of x ([T, h.in], float or double) in double: [T, h.out].
+template <typename X>
+std::vector<double> host_product(const HostFp8& h, const std::vector<X>& x, int64_t T) {
+  std::vector<double> want(size_t(T * h.out));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < h.out; ++r) {
+      double s = 0.0;
+      for (int64_t k = 0; k < h.in; ++k) s += h.at(r, k) * double(x[size_t(t * h.in + k)]);
+      want[size_t(t * h.out + r)] = s;
+    }
+  return want;
+}
+
 double rel_rms(const std::vector<float>& got, const std::vector<double>& want) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -216,17 +229,7 @@ TEST_P(GemvFp8MmaPair, EachWeightWritesItsOwnProduct) {
   std::mt19937_64 rng(std::random_device{}());
   const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
   const std::vector<float> x = random_x(T * in, rng);
-  auto product = [&](const HostFp8& h) {
-    std::vector<double> want(size_t(T * h.out));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t r = 0; r < h.out; ++r) {
-        double s = 0.0;
-        for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * x[size_t(t * in + k)];
-        want[size_t(t * h.out + r)] = s;
-      }
-    return want;
-  };
-  const std::vector<double> want1 = product(h1), want2 = product(h2);
+  const std::vector<double> want1 = host_product(h1, x, T), want2 = host_product(h2, x, T);
   auto dw1 = upload_vector(h1.w, "w1");
   auto ds1 = upload_vector(h1.s, "s1");
   auto dw2 = upload_vector(h2.w, "w2");
@@ -375,17 +378,7 @@ TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
     const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
     for (int64_t k = 0; k < in; ++k) xn[size_t(t * in + k)] = norm[size_t(k)] * (x[size_t(t * in + k)] * inv);
   }
-  auto product = [&](const HostFp8& h) {
-    std::vector<double> want(size_t(T * h.out));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t r = 0; r < h.out; ++r) {
-        double s = 0.0;
-        for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * xn[size_t(t * in + k)];
-        want[size_t(t * h.out + r)] = s;
-      }
-    return want;
-  };
-  const std::vector<double> want1 = product(h1), want2 = product(h2);
+  const std::vector<double> want1 = host_product(h1, xn, T), want2 = host_product(h2, xn, T);
   auto dw1 = upload_vector(h1.w, "w1");
   auto ds1 = upload_vector(h1.s, "s1");
   auto dw2 = upload_vector(h2.w, "w2");

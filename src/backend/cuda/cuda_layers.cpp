@@ -37,58 +37,29 @@ int shared_sms_percent() {
   return pct;
 }
 
-// AFF_CUDA_SIDE_STREAM=0 keeps a decode step on one stream (for comparisons).
-bool side_stream_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_SIDE_STREAM");
-  return on;
+// The decode path's forms that can be turned off for comparisons, each by
+// AFF_CUDA_<NAME>=0, read once (docs/kernels/cuda-backend.md lists them).
+struct Switches {
+  bool side_stream = env_switch_on("AFF_CUDA_SIDE_STREAM");  // side-stream branches
+  bool l2_ahead = env_switch_on("AFF_CUDA_L2_AHEAD");        // the query weights' L2 prefetch
+  bool pool_store = env_switch_on("AFF_CUDA_POOL_STORE");    // a compressor's ring stores inside its pool launch
+  bool stack_iq = env_switch_on("AFF_CUDA_STACK_IQ");        // the indexer's queries in wq_b's launch
+  bool comb_job = env_switch_on("AFF_CUDA_COMB_JOB");        // an mHC site's Sinkhorn in the next launch
+  bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // ratio-4 projections at the block's end
+  bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
+};
+
+const Switches& switches() {
+  static const Switches s;
+  return s;
 }
 
 // Whether a chain of decode-sized work may run on the side stream
 // (GpuState::side): not for prefill (its GEMMs' scratch and shared input are
 // per stream) nor while profiling (the stage marks are on the main stream).
-bool beside(bool decode_sized) { return decode_sized && !profiling_enabled() && side_stream_enabled(); }
-
-// AFF_CUDA_L2_AHEAD=0 turns the query weights' L2 prefetch off (comparisons).
-bool ahead_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_L2_AHEAD");
-  return on;
-}
-
-// AFF_CUDA_STACK_IQ=0: a decode step's indexer queries in a launch of their
-// own on a side stream (comparisons).
-bool stack_iq_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_STACK_IQ");
-  return on;
-}
-
-// AFF_CUDA_COMB_JOB=0: a decode mHC site runs its own Sinkhorn (comparisons).
-bool comb_job_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_COMB_JOB");
-  return on;
-}
-
-// AFF_CUDA_COMP_DEFER=0: a decode step projects its compressors' inputs
-// itself instead of leaving them to the step that completes a block (comparisons).
-bool defer_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_COMP_DEFER");
-  return on;
-}
-
-// AFF_CUDA_SITE_XRING=0: the deferred compressors store their x themselves
-// instead of the mHC site before the attention writing it (comparisons).
-bool site_x_rings_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_SITE_XRING");
-  return on;
-}
+bool beside(bool decode_sized) { return decode_sized && !profiling_enabled() && switches().side_stream; }
 
 float eps_of(const DeviceModel& m) { return float(m.config.rms_norm_eps); }
-
-// AFF_CUDA_POOL_STORE=0: a decode step's compressor ring stores as launches
-// of their own (comparisons).
-bool fused_ring_enabled() {
-  static const bool on = env_switch_on("AFF_CUDA_POOL_STORE");
-  return on;
-}
 
 // RoPE over the trailing rope_dim dims of rows of length `len`, for the
 // chunk's tokens: row r at position step.pos0 + r / rows_per_pos.
@@ -145,7 +116,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   const int r = c.ratio, d = c.dim;
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d), D = c.wkv.in;
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
-  const bool x_ring = cs.ring_x.bytes() > 0 && r <= kCompressorDeferMaxRatio && defer_enabled();
+  const bool x_ring = cs.ring_x.bytes() > 0 && r <= kCompressorDeferMaxRatio && switches().comp_defer;
   const StepInfo* step = st.step.as<StepInfo>();
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
@@ -156,7 +127,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   p.entries = cs.entries.as<float>();
   RingStoreArgs xs;  // x rows into the x ring
   xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = r, xs.step = step, xs.T = T, xs.width = D;
-  if (x_ring && T == 1 && fused_ring_enabled()) {
+  if (x_ring && T == 1 && switches().pool_store) {
     if (!x_stored) AFF_RETURN_IF_ERROR(ring_store(xs, s));  // else the mHC site before wrote it
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, r, kv, gate, width, s, step));
     p.deferred = true, p.store_ring = true;
@@ -175,7 +146,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
     AFF_RETURN_IF_ERROR(ring_store(e, s));
   }
   AFF_RETURN_IF_ERROR(compressor_project(c, x, D, T, kv, gate, width, s));
-  p.store_ring = T == 1 && fused_ring_enabled();
+  p.store_ring = T == 1 && switches().pool_store;
   AFF_RETURN_IF_ERROR(compressor_pool(p, s));
   if (x_ring) AFF_RETURN_IF_ERROR(ring_store(xs, s));
   if (p.store_ring) return Status::ok();
@@ -305,7 +276,7 @@ Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {
 // no gain or a loss (docs/BENCHMARKS.md).
 Status gpu_prefetch_query_weights(const DeviceModel& m, int l, GpuState& st, int64_t T) {
   const DeviceAttention& w = m.layers[size_t(l)].attn;
-  if (!beside(!linear_uses_gemm(w.wq_a, T)) || !ahead_enabled()) return Status::ok();
+  if (!beside(!linear_uses_gemm(w.wq_a, T)) || !switches().l2_ahead) return Status::ok();
   L2Ranges r;
   for (const DeviceLinear* p : {&w.wq_a, &w.wkv, &w.wq_b}) r.add(p->weight, stored_bytes(*p));
   AFF_RETURN_IF_ERROR(stream_after(st.ahead.get(), st.stream.get(), st.ahead_fork));
@@ -349,7 +320,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   f.step = st.step.as<StepInfo>();
   f.x_ring[0] = x_rings.ring[0], f.x_ring[1] = x_rings.ring[1], f.x_ring_rows = x_rings.rows;
   if (ablated("mhc")) return Status::ok();
-  if (defer != nullptr && !head && T <= kHcSmallT && hc == 4 && comb_job_enabled()) {
+  if (defer != nullptr && !head && T <= kHcSmallT && hc == 4 && switches().comb_job) {
     f.defer_comb = true;
     *defer = HcCombJob{f.comb, T, hc, f.sinkhorn_iters, f.hc_eps};
   }
@@ -358,7 +329,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
 
 HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T) {
   HcXRings r;
-  if (T != 1 || m.config.hc_mult != 4 || !defer_enabled() || !fused_ring_enabled() || !site_x_rings_enabled() ||
+  if (T != 1 || m.config.hc_mult != 4 || !switches().comp_defer || !switches().pool_store || !switches().site_xring ||
       m.config.compress_ratio(l) == 0)
     return r;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
@@ -434,7 +405,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // applies their RoPE, so the selection starts right after wq_b, beside
   // qkv_finish. Launched on a stream of their own they waited for wq_b's
   // blocks, which fill the GPU as soon as wq_a ends, and cost a RoPE launch.
-  const bool iq_stacked = fork_indexer && fold_q_norm && stack_iq_enabled() && !ablated("entries") &&
+  const bool iq_stacked = fork_indexer && fold_q_norm && switches().stack_iq && !ablated("entries") &&
                           !ablated("iq") && !ablated("wq_b") &&
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
   // The compressed entries and the indexer's selection (beside s: enqueued
