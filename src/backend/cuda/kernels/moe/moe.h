@@ -16,7 +16,7 @@ namespace aff::cuda {
 enum class ScoreFunc : int32_t { kSqrtSoftplus, kSigmoid, kSoftmax };
 
 struct RouterArgs {
-  const float* logits = nullptr;   // [T, E] router logits (gate x)
+  float* logits = nullptr;         // [T, E] router logits (gate x): router_topk reads them, router_gate_topk writes them first
   const float* bias = nullptr;     // [E] selection bias, or null (hash layers ignore it)
   const int32_t* tid2eid = nullptr;  // [vocab, k] hash table, or null for top-k layers
   const int32_t* tokens = nullptr;   // [T] token ids (hash layers)

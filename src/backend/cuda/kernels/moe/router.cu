@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
     float v = 0.0f;
 #pragma unroll
     for (int q = 0; q < kGateSplit; ++q) v += slice_sum[r * kGateSplit + q][t];
-    if (er < a.E) const_cast<float*>(a.logits)[int64_t(t) * a.E + er] = v;
+    if (er < a.E) a.logits[int64_t(t) * a.E + er] = v;
   }
 
   // The last block routes: every block's logits are visible to it after the
