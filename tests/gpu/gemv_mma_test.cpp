@@ -392,8 +392,10 @@ TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
   const DeviceLinear w1 = fp8_linear(h1, *dw1, *ds1), w2 = fp8_linear(h2, *dw2, *ds2);
   ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  PairOptions o;
+  o.norm = dn->as<float>(), o.eps = eps;
   ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr,
-                            PairOptions{.norm = dn->as<float>(), .eps = eps})
+                            o)
                   .is_ok());
   expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 normed pair w1");
   expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 normed pair w2");

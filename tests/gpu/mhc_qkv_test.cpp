@@ -282,8 +282,10 @@ TEST(HcCombJob, ExtraBlocksGiveTheBitsOfTheJobsOwnLaunch) {
     auto y1 = DeviceBuffer::allocate(size_t(T * 256) * 4, "y1"), y2 = DeviceBuffer::allocate(size_t(T * 128) * 4, "y2");
     auto z1 = DeviceBuffer::allocate(size_t(T * 256) * 4, "z1"), z2 = DeviceBuffer::allocate(size_t(T * 128) * 4, "z2");
     ASSERT_TRUE(x.is_ok() && y1.is_ok() && y2.is_ok() && z1.is_ok() && z2.is_ok());
+    PairOptions with_job;
+    with_job.job = job(*by_pair);
     ASSERT_TRUE(gemv_mma_pair(w1.w, w2.w, x->as<float>(), D, T, y1->as<float>(), 256, y2->as<float>(), 128, nullptr,
-                              PairOptions{.job = job(*by_pair)})
+                              with_job)
                     .is_ok());
     ASSERT_TRUE(
         gemv_mma_pair(w1.w, w2.w, x->as<float>(), D, T, z1->as<float>(), 256, z2->as<float>(), 128, nullptr).is_ok());

@@ -63,7 +63,7 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
     AFF_RETURN_IF_ERROR(
         gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x, &job, rings));
     prof_mark(s, "mhc");
-    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job, rings.rows > 0));
+    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job, rings));
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_ffn, st, h, y, 0, T, false, lw.ffn_norm, x, &job));
     prof_mark(s, "mhc");
     AFF_RETURN_IF_ERROR(gpu_moe(model, l, st, ws.tokens.as<int32_t>(), x, T, opts.no_routed_experts, y, job));

@@ -95,6 +95,17 @@ Status compressor_project(const DeviceCompressor& c, const float* x, int64_t ldx
   return linear_rows(c.wgate, 0, c.wgate.out, x, ldx, T, gate, width, s);
 }
 
+// Whether compressor c keeps its input x in cs.ring_x (a ratio small enough,
+// the ring allocated, deferral on), and whether a step of T tokens then
+// leaves its projections to the step that completes a block (decode steps,
+// whose ring stores ride in the pool launch).
+bool keeps_x_ring(const DeviceCompressor& c, const GpuCompressorState& cs) {
+  return cs.ring_x.bytes() > 0 && c.ratio <= kCompressorDeferMaxRatio && switches().comp_defer;
+}
+bool defers_projections(const DeviceCompressor& c, const GpuCompressorState& cs, int64_t T) {
+  return keeps_x_ring(c, cs) && T == 1 && switches().pool_store;
+}
+
 // Feeds x: [T, D] (the chunk, at StepInfo's positions) to a compressor and
 // finishes (norm, RoPE) every entry the chunk completes, on stream s. kv,
 // gate: [max(T, ratio), width] scratch for its two projections. Nothing here
@@ -116,7 +127,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   const int r = c.ratio, d = c.dim;
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d), D = c.wkv.in;
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
-  const bool x_ring = cs.ring_x.bytes() > 0 && r <= kCompressorDeferMaxRatio && switches().comp_defer;
+  const bool x_ring = keeps_x_ring(c, cs);
   const StepInfo* step = st.step.as<StepInfo>();
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
@@ -127,7 +138,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   p.entries = cs.entries.as<float>();
   RingStoreArgs xs;  // x rows into the x ring
   xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = r, xs.step = step, xs.T = T, xs.width = D;
-  if (x_ring && T == 1 && switches().pool_store) {
+  if (defers_projections(c, cs, T)) {
     if (!x_stored) AFF_RETURN_IF_ERROR(ring_store(xs, s));  // else the mHC site before wrote it
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, r, kv, gate, width, s, step));
     p.deferred = true, p.store_ring = true;
@@ -329,14 +340,12 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
 
 HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T) {
   HcXRings r;
-  if (T != 1 || m.config.hc_mult != 4 || !switches().comp_defer || !switches().pool_store || !switches().site_xring ||
-      m.config.compress_ratio(l) == 0)
-    return r;
+  if (m.config.hc_mult != 4 || !switches().site_xring || m.config.compress_ratio(l) == 0) return r;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
   int n = 0;
   auto add = [&](const DeviceCompressor& c, GpuCompressorState& cs) {
-    if (!c.present || c.ratio > kCompressorDeferMaxRatio || cs.ring_x.bytes() == 0) return;
+    if (!c.present || !defers_projections(c, cs, T)) return;
     if (r.rows != 0 && r.rows != c.ratio) return;  // one row count per site
     r.rows = c.ratio, r.ring[n++] = cs.ring_x.as<float>();
   };
@@ -346,7 +355,7 @@ HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_
 }
 
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job, bool x_in_rings) {
+                     float* out, const HcCombJob& job, const HcXRings& site_rings) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
@@ -385,8 +394,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (ablated("wq_a")) {
     // what-if timing: no query projections
   } else if (paired) {
-    AFF_RETURN_IF_ERROR(
-        gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s, PairOptions{.job = job}));
+    PairOptions o;
+    o.job = job;
+    AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_a, w.wkv, x, w.wq_a.in, T, qr, w.wq_a.out, kv, w.wkv.out, s, o));
     prof_mark(s, "attn.wq_a+wkv");
   } else {
     AFF_RETURN_IF_ERROR(linear(w.wq_a, x, T, qr, s));
@@ -410,10 +420,10 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
-  // Which x rings the mHC site before already wrote this step's x into.
-  const HcXRings rings = x_in_rings ? gpu_attention_x_rings(m, l, st, T) : HcXRings{};
+  // Whether the mHC site before already wrote this step's x into cs's x ring.
   auto stored = [&](const GpuCompressorState& cs) {
-    return cs.ring_x.bytes() > 0 && (rings.ring[0] == cs.ring_x.as<float>() || rings.ring[1] == cs.ring_x.as<float>());
+    const float* ring = cs.ring_x.as<float>();
+    return ring != nullptr && (site_rings.ring[0] == ring || site_rings.ring[1] == ring);
   };
   auto entries = [&]() -> Status {
     if (!ablated("comp"))
@@ -433,8 +443,10 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (ablated("wq_b")) {
     // what-if timing: no wq_b
   } else if (iq_stacked) {
+    PairOptions o;
+    o.norm = w.q_norm, o.eps = eps;
     AFF_RETURN_IF_ERROR(gemv_mma_pair(w.wq_b, w.indexer.wq_b, qr, c.q_lora_rank, T, q, w.wq_b.out, ws.iq.as<float>(),
-                                      w.indexer.wq_b.out, s, PairOptions{.norm = w.q_norm, .eps = eps}));
+                                      w.indexer.wq_b.out, s, o));
   } else if (fold_q_norm) {
     AFF_RETURN_IF_ERROR(gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s));
   } else {

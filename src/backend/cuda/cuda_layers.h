@@ -56,9 +56,9 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
 // pos0 must equal the number of positions this layer has been fed.
 // job: the previous site's deferred comb (gpu_hc_site), run beside wq_a.
-// x_in_rings: the site before wrote x into gpu_attention_x_rings(...).
+// site_rings: the x rings the site before wrote x into (its x_rings).
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job = {}, bool x_in_rings = false);
+                     float* out, const HcCombJob& job = {}, const HcXRings& site_rings = {});
 
 // MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
 // device ids (hash routing). no_routed: shared expert only.

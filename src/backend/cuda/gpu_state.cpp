@@ -1,7 +1,6 @@
 #include "backend/cuda/gpu_state.h"
 
 #include "backend/cuda/kernels/compressor/compressor.h"
-
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/step_info.h"
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/kernels/indexer/indexer.h"
+#include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
 
@@ -109,20 +110,13 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
       }
       if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
         // (the previous token's table was last read before this loop's later barriers)
-        for (int p = threadIdx.x; p < a.rope_dim / 2; p += kThreads) {
-          float sn, cs;
-          sincosf(float(step.pos0 + t) * a.rope_freq[p], &sn, &cs);
-          rope_tab[p] = make_float2(cs, sn);
-        }
+        rope_table_fill(rope_tab, step.pos0 + t, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
           if (d < rope_off || d >= a.hd) continue;
-          const float4 c = reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4];  // c0, s0, c1, s1
-          const float4 n = v[i];
-          v[i] = make_float4(n.x * c.x - n.y * c.y, n.y * c.x + n.x * c.y, n.z * c.z - n.w * c.w,
-                             n.w * c.z + n.z * c.w);
+          v[i] = rope_rotate4(v[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
         }
       }
 #pragma unroll

@@ -2,6 +2,8 @@
 // fused kernels (one home for the arithmetic the reference defines).
 #pragma once
 
+#include "backend/cuda/kernels/mhc/mhc.h"
+
 namespace aff::cuda {
 
 constexpr int kMaxHc = 8;
@@ -102,10 +104,9 @@ __device__ inline void hc_coefficients_warp(const float* m, const float* base, c
   if (own) comb[lane] = c;
 }
 
-// Runs an HcCombJob (mhc.h) with the calling block (any number of whole
-// warps): warp w finishes tokens w, w + warps, ... in place.
-template <typename Job>
-__device__ inline void hc_comb_job_run(const Job& job) {
+// Runs an HcCombJob with the calling block (any number of whole warps): warp
+// w finishes tokens w, w + warps, ... in place.
+__device__ inline void hc_comb_job_run(const HcCombJob& job) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int n = job.hc * job.hc;
   for (int64_t t = warp; t < job.T; t += warps) {

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/rope/rope.h"
+#include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
 
@@ -139,11 +140,7 @@ __global__ void __launch_bounds__(kRowThreads, 4) qkv_finish_rows_f32_sm90(QkvFi
   // The first row's loads go out before the table's sincosf.
   if (row0 + warp < part.rows_per_token) load(row0 + warp);
   const int64_t pos = a.step->pos0 + t;
-  for (int p = threadIdx.x; p < a.rope_dim / 2; p += kRowThreads) {
-    float s, c;
-    sincosf(float(pos) * part.inv_freq[p], &s, &c);
-    tab[p] = make_float2(c, s);
-  }
+  rope_table_fill(tab, pos, part.inv_freq, a.rope_dim / 2, threadIdx.x, kRowThreads);
   __syncthreads();
 
   // Without a norm or weight only the rope tail changes.
@@ -178,8 +175,7 @@ __global__ void __launch_bounds__(kRowThreads, 4) qkv_finish_rows_f32_sm90(QkvFi
       if (e >= off) {
         // Pairs (e, e+1) and (e+2, e+3) are pairs (e - off) / 2 and + 1 of the tail.
         const float4 cs = reinterpret_cast<const float4*>(tab)[(e - off) / 4];  // c0, s0, c1, s1
-        n = make_float4(n.x * cs.x - n.y * cs.y, n.y * cs.x + n.x * cs.y, n.z * cs.z - n.w * cs.w,
-                        n.w * cs.z + n.z * cs.w);
+        n = rope_rotate4(n, cs);
         x[q] = n;
       } else if (whole) {
         x[q] = n;
