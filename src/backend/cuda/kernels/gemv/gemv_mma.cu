@@ -400,6 +400,13 @@ int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16) {
 
 using MmaKernel = void (*)(MmaArgs);
 
+// An integer tuning knob from the environment: fallback unless set within [lo, hi].
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* e = std::getenv(name);
+  const int v = e != nullptr ? std::atoi(e) : lo - 1;
+  return v >= lo && v <= hi ? v : fallback;
+}
+
 // Tokens per launch up to which exact FP8 packs hi and lo into one MMA.
 constexpr int64_t kPackedMaxTok = kMaxTok / 2;
 
@@ -463,9 +470,12 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   // column block per warp; then enough tiles per block for >= 8 warps.
   const int64_t nkb = w.in / (bf16 ? 64 : 128);
   // (Aiming at 8 warps per SM measured the same decode step, 16 or 24 0.6 ms slower.)
+  // AFF_CUDA_GEMV_WARPS_SM / AFF_CUDA_GEMV_BLOCK_WARPS: tuning knobs for both numbers.
+  static const int warps_sm = env_int("AFF_CUDA_GEMV_WARPS_SM", 12, 1, 64);
+  static const int block_warps = env_int("AFF_CUDA_GEMV_BLOCK_WARPS", 8, 1, kMaxWarps);
   int split = 1;
-  while (split < kMaxWarps && split * 2 <= nkb && tiles * split < int64_t(sms) * 12) split *= 2;
-  const int rt = int(std::max<int64_t>(1, std::min<int64_t>(8 / split, tiles_per_group)));
+  while (split < kMaxWarps && split * 2 <= nkb && tiles * split < int64_t(sms) * warps_sm) split *= 2;
+  const int rt = int(std::max<int64_t>(1, std::min<int64_t>(std::max(1, block_warps / split), tiles_per_group)));
   const int64_t blocks = (tiles_per_group + rt - 1) / rt;
   // Tokens per launch: as many as the staging allows (more launches re-read the weights).
   int64_t tc = std::min<int64_t>(T, kMaxTok);
