@@ -148,6 +148,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   const int n_steps = n_jobs > jl0 ? (n_jobs - jl0 + jstep - 1) / jstep : 0;
   const int p_lo = has_routed ? j0 / tiles_pair : 0, p_hi = has_routed ? (j1 - 1) / tiles_pair : -1;
 
+  // This thread's first 16 elements of x to quantise, loaded before the bulk
+  // copies below would queue the load behind the block's weights.
+  const int x_groups = has_routed ? T * (D / 16) : 0;
+  float4 x_first[4];
+  if (int(threadIdx.x) < x_groups) {
+    const int t = int(threadIdx.x) / (D / 16), g16 = int(threadIdx.x) % (D / 16);
+    const float4* src = reinterpret_cast<const float4*>(m.x + int64_t(t) * D + g16 * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x_first[i] = src[i];
+  }
+
   PairRows* ptr = reinterpret_cast<PairRows*>(smem + a.r_ptr);
   for (int p = p_lo + int(threadIdx.x); p <= p_hi; p += blockDim.x) {
     const ExpertSlot& s = m.slots[m.ids[p]];
@@ -205,13 +216,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   // Stage what the block's work reads, while the first weights are in flight.
   const int64_t xstride = moe_fast::q16_bytes(D);
   if (has_routed) {
-    for (int gi = threadIdx.x; gi < T * (D / 16); gi += blockDim.x) {
+    for (int gi = threadIdx.x; gi < x_groups; gi += blockDim.x) {
       const int t = gi / (D / 16), g16 = gi % (D / 16);
       const float4* src = reinterpret_cast<const float4*>(m.x + int64_t(t) * D + g16 * 16);
       float v[16];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 f = src[i];
+        const float4 f = gi == int(threadIdx.x) ? x_first[i] : src[i];
         v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
       }
       float sc, sum;
@@ -406,6 +417,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   const int d0 = int(blockIdx.x) * a.rows_block, RB = min(a.rows_block, D - d0), tiles = RB / kDownTile;
   const int nkb = inter / 64, ld = inter + 8;
 
+  // Routed passes (pair p, rows d0 + q * P .. + P), pair-major; warp w takes a
+  // contiguous range.
+  const int U2 = a.lanes_row, P0 = 32 / U2, RL = a.rows_lane, P = P0 * RL, ppp = RB / P, n_rp = n_routed * ppp;
+  const int s0 = int(int64_t(warp) * n_rp / kWarps);
+  const int n_steps = int(int64_t(warp + 1) * n_rp / kWarps) - s0;
+  const int q = lane / U2, u = lane % U2, sb = u >> 1, h = u & 1;
+  const bool active = u < inter / 128;
+  // Loads from global memory go out before the block's bulk copies, which
+  // would queue them behind ~170 KB per SM of weights: the act of this warp's
+  // first pair (q16, written by the up launch), an L1 prefetch of its last
+  // pair's where that differs (at T = 1 a warp meets at most two pairs), and
+  // the first added value of this thread's
+  // epilogue (the route weights through L1).
+  moe_fast::XUnit x;
+  const int first_p = n_steps > 0 ? s0 / ppp : -1, last_p = n_steps > 0 ? (s0 + n_steps - 1) / ppp : -1;
+  auto act_of = [&](int p) { return reinterpret_cast<const uint8_t*>(m.act) + int64_t(p) * inter * 4; };
+  if (first_p >= 0 && active) {
+    const uint8_t* base = act_of(first_p);
+    moe_fast::load_xunit<F>(base, reinterpret_cast<const float*>(base + inter),
+                            reinterpret_cast<const float*>(base + inter + inter / 4), u, x);
+  }
+  if (last_p != first_p && active) {
+    const uint8_t* base = act_of(last_p);
+    moe_fast::prefetch_l1(base + 128 * u);
+    moe_fast::prefetch_l1(base + inter + 32 * u);
+    moe_fast::prefetch_l1(base + inter + inter / 4 + 32 * u);
+  }
+  const float add0 = m.add != nullptr && int(threadIdx.x) < T * RB
+                         ? m.add[int64_t(int(threadIdx.x) / RB) * D + d0 + int(threadIdx.x) % RB]
+                         : 0.0f;
+  if (threadIdx.x == 0 && n_routed > 0) moe_fast::prefetch_l1(m.route_w);
+
   const uint8_t** ptr = reinterpret_cast<const uint8_t**>(smem + a.o_ptr);
   for (int p = threadIdx.x; p < n_routed; p += blockDim.x) ptr[p] = m.slots[m.ids[p]].w2.weight;
   float* red = reinterpret_cast<float*>(smem + a.o_red);
@@ -418,11 +461,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   }
   __syncthreads();
 
-  // Routed passes (pair p, rows d0 + q * P .. + P), pair-major; warp w takes a
-  // contiguous range.
-  const int U2 = a.lanes_row, P0 = 32 / U2, RL = a.rows_lane, P = P0 * RL, ppp = RB / P, n_rp = n_routed * ppp;
-  const int s0 = int(int64_t(warp) * n_rp / kWarps);
-  const int n_steps = int(int64_t(warp + 1) * n_rp / kWarps) - s0;
   const int64_t rbytes = a.row_bytes, len = int64_t(P) * rbytes;
   const int ring0 = a.o_ring + warp * a.stages * a.stage_bytes;
   int pp = s0 / ppp, pq = s0 % ppp;  // lane 0's cursor: the next pass to issue
@@ -471,17 +509,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
 
   float* yr = reinterpret_cast<float*>(smem + a.o_yr);
   {
-    const int q = lane / U2, u = lane % U2, sb = u >> 1, h = u & 1;
-    const bool active = u < inter / 128;
     const int64_t lane_off = int64_t(q) * rbytes + sb * kBlockBytes<F>;
-    moe_fast::XUnit x;
-    int cp = s0 / ppp, cq = s0 % ppp, cur_p = -1, slot = 0;
+    int cp = s0 / ppp, cq = s0 % ppp, cur_p = first_p, slot = 0;
     uint32_t parity = 0;
     for (int i = 0; i < n_steps; ++i) {
       if (cp != cur_p) {  // warp-uniform; the pair's act is q16 written by the up launch
         cur_p = cp;
         if (active) {
-          const uint8_t* base = reinterpret_cast<const uint8_t*>(m.act) + int64_t(cp) * inter * 4;
+          const uint8_t* base = act_of(cp);
           moe_fast::load_xunit<F>(base, reinterpret_cast<const float*>(base + inter),
                                   reinterpret_cast<const float*>(base + inter + inter / 4), u, x);
         }
@@ -560,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
       for (int w = 0; w < kWarps; ++w) sh += red[((tile * kWarps + w) * 4 + r) * 32 + l];
       v += sh;
     }
-    if (m.add) v += m.add[int64_t(t) * D + d0 + i];
+    if (m.add) v += e == int(threadIdx.x) ? add0 : m.add[int64_t(t) * D + d0 + i];
     m.out[int64_t(t) * D + d0 + i] = v;
   }
 }
