@@ -26,33 +26,9 @@
 namespace aff::cuda {
 namespace {
 
-// Share of the SMs the decode step's shared expert spreads over while the
-// router runs beside it (AFF_CUDA_SHARED_SMS, percent; tuning knob).
-int shared_sms_percent() {
-  static const int pct = [] {
-    const char* e = std::getenv("AFF_CUDA_SHARED_SMS");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v >= 1 && v <= 100 ? v : 50;
-  }();
-  return pct;
-}
-
-// Share of the SMs the routed up launch spreads over in that split form
-// (AFF_CUDA_ROUTED_SMS, percent; tuning knob). Its jobs are dealt to blocks
-// evenly and ahead, so a block that waits for an SM the shared expert holds
-// finishes late: at the default, the two halves run side by side
-// (docs/BENCHMARKS.md: 6.30 vs 6.41 ms/token with all SMs).
-int routed_sms_percent() {
-  static const int pct = [] {
-    const char* e = std::getenv("AFF_CUDA_ROUTED_SMS");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v >= 1 && v <= 100 ? v : 50;
-  }();
-  return pct;
-}
-
 // The decode path's forms that can be turned off for comparisons, each by
-// AFF_CUDA_<NAME>=0, read once (docs/kernels/cuda-backend.md lists them).
+// AFF_CUDA_<NAME>=0, and its tuning knobs, read once
+// (docs/kernels/cuda-backend.md lists them).
 struct Switches {
   bool side_stream = env_switch_on("AFF_CUDA_SIDE_STREAM");  // side-stream branches
   bool l2_ahead = env_switch_on("AFF_CUDA_L2_AHEAD");        // the query weights' L2 prefetch
@@ -62,6 +38,14 @@ struct Switches {
   bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // ratio-4 projections at the block's end
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
+  // Tuning knobs, percent of the SMs: the side-stream shared expert's share
+  // while the router runs beside it, and the routed up launch's in that
+  // split. The routed jobs are dealt to blocks evenly and ahead, so a block
+  // that waits for an SM the shared expert holds finishes late: at the
+  // defaults the two halves run side by side (docs/BENCHMARKS.md: 6.29 vs
+  // 6.39 ms/token with all SMs for the routed launch).
+  int shared_sms = env_int("AFF_CUDA_SHARED_SMS", 50, 1, 100);
+  int routed_sms = env_int("AFF_CUDA_ROUTED_SMS", 50, 1, 100);
 };
 
 const Switches& switches() {
@@ -582,7 +566,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   MoeDecodeArgs routed = d, shared_only = d;
   routed.shared_slot = nullptr;
   shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
-  shared_only.max_sms = std::max(1, current_device_multiprocessors() * shared_sms_percent() / 100);
+  shared_only.max_sms = std::max(1, current_device_multiprocessors() * switches().shared_sms / 100);
   routed.add = shared_only.out;
   const bool split = beside(decode) && switches().shared_beside && d.k > 0 && d.shared_slot != nullptr && moe_decode_streams(routed) &&
                      moe_decode_streams(shared_only);
@@ -619,7 +603,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   if (!job_done) AFF_RETURN_IF_ERROR(hc_comb_run(job, s));
   if (split) {
     MoeDecodeArgs routed_up = routed;
-    routed_up.max_sms = std::max(2, current_device_multiprocessors() * routed_sms_percent() / 100);
+    routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);
     if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed_up, s));
     AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
     return ablated("moe_down") ? Status::ok() : moe_decode_down(routed, s);

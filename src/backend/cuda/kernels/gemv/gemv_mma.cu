@@ -400,13 +400,6 @@ int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16) {
 
 using MmaKernel = void (*)(MmaArgs);
 
-// An integer tuning knob from the environment: fallback unless set within [lo, hi].
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const char* e = std::getenv(name);
-  const int v = e != nullptr ? std::atoi(e) : lo - 1;
-  return v >= lo && v <= hi ? v : fallback;
-}
-
 // Tokens per launch up to which exact FP8 packs hi and lo into one MMA.
 constexpr int64_t kPackedMaxTok = kMaxTok / 2;
 
