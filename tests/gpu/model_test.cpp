@@ -236,7 +236,9 @@ TEST(TinyModelGpu, TeacherForcedAgreesWithCpuPath) {
   EXPECT_LE(std::fabs(ppl_gpu / ppl_cpu - 1.0), kTinyMaxPplRel);
   // The logits' own bound holds for the exact setting only; the fast one
   // (bf16 operands) is held to the top-1 and perplexity bounds above.
-  if (mma_precision() != MmaPrecision::kBf16) EXPECT_LE(a.rel_rms, kTolModelF32);
+  if (mma_precision() != MmaPrecision::kBf16) {
+    EXPECT_LE(a.rel_rms, kTolModelF32);
+  }
 }
 
 TEST(TinyModelGpu, OpCheckerPassesOnTrainedWeights) {
