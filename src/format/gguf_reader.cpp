@@ -78,8 +78,8 @@ Status read_value(Cursor& c, GgufType type, int depth, const std::string& key, G
 
 Status read_array(Cursor& c, int depth, const std::string& key, GgufValue* out) {
   if (depth > kMaxArrayDepth) return c.fail(fmt::format("key '{}': arrays nested deeper than {}", key, kMaxArrayDepth));
-  uint32_t elem_id;
-  uint64_t count;
+  uint32_t elem_id = 0;
+  uint64_t count = 0;
   AFF_RETURN_IF_ERROR(c.read(&elem_id, fmt::format("key '{}' array element type", key)));
   if (!gguf_type_known(elem_id)) return c.fail(fmt::format("key '{}': unknown array element type {}", key, elem_id));
   const auto elem = GgufType(elem_id);
@@ -178,7 +178,7 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, std::string lab
 
 Status GgufFile::parse_all() {
   Cursor c(bytes_, label_);
-  uint32_t magic;
+  uint32_t magic = 0;
   AFF_RETURN_IF_ERROR(c.read(&magic, "magic"));
   if (magic != kGgufMagic) return corrupt(fmt::format("{}: not a GGUF file (magic {:#010x})", label_, magic));
   AFF_RETURN_IF_ERROR(c.read(&version_, "version"));
@@ -188,7 +188,7 @@ Status GgufFile::parse_all() {
   if (version_ != 2 && version_ != 3) {
     return unsupported(fmt::format("{}: GGUF version {} is not supported (need 2 or 3)", label_, version_));
   }
-  uint64_t n_tensors, n_kv;
+  uint64_t n_tensors = 0, n_kv = 0;
   AFF_RETURN_IF_ERROR(c.read(&n_tensors, "tensor count"));
   AFF_RETURN_IF_ERROR(c.read(&n_kv, "metadata count"));
   // Minimum encodings: a KV is key length + 1 byte + type + 1-byte value; a tensor info is

@@ -178,7 +178,9 @@ void OutputParser::close_param(std::vector<ParserEvent>& out) {
   if (!v.empty() && Json::accept(v)) {
     emit_args(std::string(v), out);
   } else {
-    emit_args("\"" + json_escape(param_value_) + "\"", out);
+    std::string quoted(1, '"');
+    quoted.append(json_escape(param_value_)).push_back('"');
+    emit_args(quoted, out);
   }
   param_value_.clear();
 }

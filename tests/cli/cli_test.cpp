@@ -72,7 +72,7 @@ class Cli : public ::testing::Test {
     const fs::path out = root_ / ("out" + std::to_string(counter));
     const fs::path err = root_ / ("err" + std::to_string(counter++));
     std::string cmd = shell_quote(std::string(AFFINITY_BIN_DIR) + "/affinity");
-    for (const std::string& a : args) cmd += " " + shell_quote(a);
+    for (const std::string& a : args) cmd.append(" ").append(shell_quote(a));
     cmd += " >" + shell_quote(out.string()) + " 2>" + shell_quote(err.string()) + " </dev/null";
     const int status = std::system(cmd.c_str());
     RunResult r;
@@ -214,7 +214,7 @@ TEST_F(Cli, DumpTokensPrintsBosAndTheTokenizerIds) {
   auto tok = Tokenizer::load((model_ / "tokenizer.json").string());
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
   std::string want = "0";
-  for (int32_t id : tok.value()->encode(text)) want += "," + std::to_string(id);
+  for (int32_t id : tok.value()->encode(text)) want.append(",").append(std::to_string(id));
   EXPECT_EQ(r.out, want + "\n");
 
   const RunResult no_bos = run(with_model({"-p", text, "--dump-tokens", "--no-bos"}));

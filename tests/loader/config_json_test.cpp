@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../model/config_compare.h"
 #include "model/dsv4/config_json.h"
 #include "model/dsv4/synthetic_checkpoint.h"
 
@@ -295,56 +296,6 @@ TEST(ConfigJson, ToleratedSpellings) {
   EXPECT_EQ(plain->expert_dtype, "");
 }
 
-void expect_same(const ModelConfig& a, const ModelConfig& b) {
-  EXPECT_EQ(a.variant, b.variant);
-  EXPECT_EQ(a.vocab_size, b.vocab_size);
-  EXPECT_EQ(a.hidden_size, b.hidden_size);
-  EXPECT_EQ(a.num_layers, b.num_layers);
-  EXPECT_EQ(a.num_mtp_layers, b.num_mtp_layers);
-  EXPECT_EQ(a.num_heads, b.num_heads);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.rope_dim, b.rope_dim);
-  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank);
-  EXPECT_EQ(a.o_groups, b.o_groups);
-  EXPECT_EQ(a.o_lora_rank, b.o_lora_rank);
-  EXPECT_EQ(a.sliding_window, b.sliding_window);
-  EXPECT_EQ(a.compress_ratios, b.compress_ratios);
-  EXPECT_EQ(a.rope_theta, b.rope_theta);
-  EXPECT_EQ(a.compress_rope_theta, b.compress_rope_theta);
-  EXPECT_EQ(a.rope_scaling.yarn, b.rope_scaling.yarn);
-  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
-  EXPECT_EQ(a.rope_scaling.original_max_position, b.rope_scaling.original_max_position);
-  EXPECT_EQ(a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
-  EXPECT_EQ(a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
-  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
-  EXPECT_EQ(a.index_n_heads, b.index_n_heads);
-  EXPECT_EQ(a.index_head_dim, b.index_head_dim);
-  EXPECT_EQ(a.index_topk, b.index_topk);
-  EXPECT_EQ(a.n_routed_experts, b.n_routed_experts);
-  EXPECT_EQ(a.n_shared_experts, b.n_shared_experts);
-  EXPECT_EQ(a.n_experts_per_tok, b.n_experts_per_tok);
-  EXPECT_EQ(a.moe_inter, b.moe_inter);
-  EXPECT_EQ(a.num_hash_layers, b.num_hash_layers);
-  EXPECT_EQ(a.scoring_func, b.scoring_func);
-  EXPECT_EQ(a.routed_scaling_factor, b.routed_scaling_factor);
-  EXPECT_EQ(a.norm_topk_prob, b.norm_topk_prob);
-  EXPECT_EQ(a.swiglu_limit, b.swiglu_limit);
-  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
-  EXPECT_EQ(a.hc_mult, b.hc_mult);
-  EXPECT_EQ(a.hc_sinkhorn_iters, b.hc_sinkhorn_iters);
-  EXPECT_EQ(a.hc_eps, b.hc_eps);
-  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
-  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
-  EXPECT_EQ(a.fp8_dense, b.fp8_dense);
-  EXPECT_EQ(a.weight_block, b.weight_block);
-  EXPECT_EQ(a.expert_dtype, b.expert_dtype);
-  EXPECT_EQ(a.num_dspark_stages, b.num_dspark_stages);
-  EXPECT_EQ(a.dspark_block_size, b.dspark_block_size);
-  EXPECT_EQ(a.dspark_noise_token_id, b.dspark_noise_token_id);
-  EXPECT_EQ(a.dspark_markov_rank, b.dspark_markov_rank);
-  EXPECT_EQ(a.dspark_target_layer_ids, b.dspark_target_layer_ids);
-}
-
 TEST(ConfigJson, SerialiseRoundTrips) {
   std::mt19937 rng(std::random_device{}());
   for (Variant v : {Variant::kV4Flash, Variant::kV4Flash0731}) {
@@ -353,13 +304,13 @@ TEST(ConfigJson, SerialiseRoundTrips) {
     c.routed_scaling_factor = 0.5 + (rng() % 997) / 100.0;
     auto r = parse_config_json(config_to_json(c), "roundtrip/config.json");
     ASSERT_TRUE(r.is_ok()) << r.status().message();
-    expect_same(c, *r);
+    dsv4::testing::expect_same_config(c, *r, dsv4::testing::ConfigFields::kExact);
   }
   auto official = parse(official_0731());
   ASSERT_TRUE(official.is_ok());
   auto again = parse_config_json(config_to_json(*official), "x/config.json");
   ASSERT_TRUE(again.is_ok()) << again.status().message();
-  expect_same(*official, *again);
+  dsv4::testing::expect_same_config(*official, *again, dsv4::testing::ConfigFields::kExact);
 }
 
 }  // namespace

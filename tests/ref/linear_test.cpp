@@ -24,7 +24,7 @@ struct Stored {
 
 TensorView view_of(std::vector<uint8_t>& b, DType dt, std::vector<int64_t> shape) {
   TensorView t;
-  t.name = "w";
+  t.name.assign(1, 'w');
   t.dtype = dt;
   t.shape = std::move(shape);
   t.data = b.data();

@@ -174,7 +174,7 @@ TEST(Options, HelpListsEveryFlagWithDefaultAndEnv) {
   }
   const std::string md = options_markdown();
   for (const OptionSpec& s : option_table()) {
-    EXPECT_NE(md.find("`" + std::string(s.long_name)), std::string::npos) << s.long_name;
+    EXPECT_NE(md.find(std::string(1, '`').append(s.long_name)), std::string::npos) << s.long_name;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "format/safetensors_writer.h"
 #include "format/tensor_index.h"
 #include "model/dsv4/config_json.h"
@@ -126,6 +127,9 @@ std::vector<SyntheticTensor> make_linear(const ModelConfig& cfg, const Synthetic
       t.push_back({sname, DType::kF8E8M0, {out, in / 32}, std::move(s)});
       break;
     }
+    case WeightFormat::kGgml:
+      AFF_CHECK(false);  // the planner gives checkpoint units the official formats only
+      break;
   }
   return t;
 }
@@ -200,6 +204,7 @@ class Planner final : public LayoutVisitor {
         break;
       }
       case WeightFormat::kMXFP4: u.stored_bytes = n / 2 + n / 32; break;
+      case WeightFormat::kGgml: return internal_error("synthetic checkpoint: a ggml unit " + stem);
     }
     units.push_back(std::move(u));
     return Status::ok();
