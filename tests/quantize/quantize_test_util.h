@@ -65,7 +65,7 @@ inline dsv4::ModelConfig k_quant_config() {
 // two added tokens (one special, one not) at the end.
 inline std::string tiny_tokenizer_json(int n_base) {
   nlohmann::json vocab = nlohmann::json::object();
-  for (int i = 0; i < n_base; ++i) vocab["t" + std::to_string(i)] = i;
+  for (int i = 0; i < n_base; ++i) vocab[std::string(1, 't').append(std::to_string(i))] = i;
   nlohmann::json j;
   j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array({"t1 t2", nlohmann::json::array({"t3", "t4"})})}};
   j["added_tokens"] = nlohmann::json::array(
