@@ -143,28 +143,27 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
     p.deferred = true, p.store_ring = true;
     return compressor_pool(p, s);
   }
-  RingStoreArgs rs;
-  rs.ring = cs.ring_kv.as<float>(), rs.capacity = 2 * r, rs.step = step, rs.width = width;
+  // kv and gate's first `rows` rows into the projection rings, row t at
+  // position StepInfo's pos0 + pos_offset + t (the gate with its ape).
+  auto store_projections = [&](int64_t rows, int64_t pos_offset) -> Status {
+    RingStoreArgs e;
+    e.ring = cs.ring_kv.as<float>(), e.capacity = 2 * r, e.step = step, e.width = width;
+    e.T = rows, e.pos_offset = pos_offset, e.src = kv;
+    AFF_RETURN_IF_ERROR(ring_store(e, s));
+    e.ring = cs.ring_gate.as<float>(), e.src = gate, e.add = c.ape, e.period = r;
+    return ring_store(e, s);
+  };
   if (x_ring && pos0 % r != 0) {  // the block's earlier rows, from the x ring into the projection rings
     const int64_t k = pos0 % r;
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, k, kv, gate, width, s));
-    RingStoreArgs e = rs;
-    e.T = k, e.pos_offset = -k;
-    e.src = kv;
-    AFF_RETURN_IF_ERROR(ring_store(e, s));
-    e.ring = cs.ring_gate.as<float>(), e.src = gate, e.add = c.ape, e.period = r;
-    AFF_RETURN_IF_ERROR(ring_store(e, s));
+    AFF_RETURN_IF_ERROR(store_projections(k, -k));
   }
   AFF_RETURN_IF_ERROR(compressor_project(c, x, D, T, kv, gate, width, s));
   p.store_ring = T == 1 && switches().pool_store;
   AFF_RETURN_IF_ERROR(compressor_pool(p, s));
   if (x_ring) AFF_RETURN_IF_ERROR(ring_store(xs, s));
   if (p.store_ring) return Status::ok();
-  rs.T = T;
-  rs.src = kv;
-  AFF_RETURN_IF_ERROR(ring_store(rs, s));
-  rs.ring = cs.ring_gate.as<float>(), rs.src = gate, rs.add = c.ape, rs.period = r;
-  return ring_store(rs, s);
+  return store_projections(T, 0);
 }
 
 // Where the indexer's three independent parts run: its compressor and then

@@ -126,14 +126,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float red[kMaxWarps][4][32];
   if (a.job.comb != nullptr && blockIdx.x == gridDim.x - 1) {  // the job's block (launch_mma adds it)
-    pdl_launch_dependents();
-    pdl_wait();  // the comb logits are the previous kernel's output
+    pdl_start();  // the comb logits are the previous kernel's output
     hc_comb_job_run(a.job);
     return;
   }
   if (a.run_step != nullptr) {  // a step that completes no block has nothing for this launch
-    pdl_launch_dependents();
-    pdl_wait();  // StepInfo is written before the step's first kernel; waiting keeps the chain's order simple
+    pdl_start();  // StepInfo is written before the step's first kernel; waiting keeps the chain's order simple
     if ((a.run_step->pos0 + 1) % a.run_ratio != 0) return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

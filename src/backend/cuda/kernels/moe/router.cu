@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   // A deferred mHC comb (mhc.h) in one extra block, the last, beside the gate.
   const unsigned gate_blocks = gridDim.x - (job.comb != nullptr ? 1u : 0u);
   if (blockIdx.x == gate_blocks) {
-    pdl_launch_dependents();
-    pdl_wait();  // the comb logits are the previous kernel's output
+    pdl_start();  // the comb logits are the previous kernel's output
     hc_comb_job_run(job);
     return;
   }
