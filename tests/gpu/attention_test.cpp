@@ -16,6 +16,7 @@
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/device_buffer.h"
+#include "backend/ref/rope.h"
 #include "gpu_test_util.h"
 
 namespace aff::cuda {
@@ -177,17 +178,11 @@ void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd,
                " rope " + std::to_string(rope_dim));
   std::vector<float> q = randn(size_t(T * nh * hd), rng), w = randn(size_t(T * nh), rng),
                      keys = randn(size_t(capacity * hd), rng);
-  std::vector<float> q_given = q, inv_freq(size_t(rope_dim / 2));
-  for (int p = 0; p < rope_dim / 2; ++p) inv_freq[size_t(p)] = float(std::pow(160000.0, -2.0 * p / rope_dim));
+  const std::vector<float> q_given = q;
+  const std::vector<float> inv_freq = rope_dim > 0 ? ref::rope_inv_freq(160000.0, rope_dim, nullptr)
+                                                   : std::vector<float>{};
   for (int64_t t = 0; t < T && rope_dim > 0; ++t)
-    for (int h = 0; h < nh; ++h)
-      for (int p = 0; p < rope_dim / 2; ++p) {
-        const double ang = double(float(pos0 + t) * inv_freq[size_t(p)]);
-        float* v = q.data() + (t * nh + h) * hd + (hd - rope_dim) + 2 * p;
-        const double x0 = v[0], x1 = v[1];
-        v[0] = float(x0 * std::cos(ang) - x1 * std::sin(ang));
-        v[1] = float(x1 * std::cos(ang) + x0 * std::sin(ang));
-      }
+    for (int h = 0; h < nh; ++h) ref::rope_apply(q.data() + (t * nh + h) * hd + (hd - rope_dim), inv_freq, pos0 + t, false);
   auto dfreq = upload_vector(rope_dim > 0 ? inv_freq : std::vector<float>{0.0f}, "inv_freq");
   ASSERT_TRUE(dfreq.is_ok());
   const float w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));

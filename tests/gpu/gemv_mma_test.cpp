@@ -79,6 +79,20 @@ std::vector<double> host_product(const HostFp8& h, const std::vector<X>& x, int6
   return want;
 }
 
+// x's rows [T, in] rmsnorm'd with weight norm [in] in double, in the kernels'
+// order: norm * (x * 1 / rms).
+std::vector<double> host_normed(const std::vector<float>& x, const std::vector<float>& norm, int64_t T, int64_t in,
+                                float eps) {
+  std::vector<double> xn(size_t(T * in));
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0.0;
+    for (int64_t k = 0; k < in; ++k) ss += double(x[size_t(t * in + k)]) * x[size_t(t * in + k)];
+    const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
+    for (int64_t k = 0; k < in; ++k) xn[size_t(t * in + k)] = norm[size_t(k)] * (x[size_t(t * in + k)] * inv);
+  }
+  return xn;
+}
+
 double rel_rms(const std::vector<float>& got, const std::vector<double>& want) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -322,17 +336,7 @@ TEST_P(GemvFp8MmaNormed, MatchesTheProductOfTheNormalisedRows) {
   std::uniform_real_distribution<float> ud(0.5f, 1.5f);
   for (float& v : norm) v = ud(rng);
   const float eps = 1e-6f;
-  std::vector<double> want(size_t(T * out));
-  for (int64_t t = 0; t < T; ++t) {
-    double ss = 0.0;
-    for (int64_t k = 0; k < in; ++k) ss += double(x[size_t(t * in + k)]) * x[size_t(t * in + k)];
-    const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
-    for (int64_t r = 0; r < out; ++r) {
-      double s = 0.0;
-      for (int64_t k = 0; k < in; ++k) s += h.at(r, k) * (norm[size_t(k)] * x[size_t(t * in + k)] * inv);
-      want[size_t(t * out + r)] = s;
-    }
-  }
+  const std::vector<double> want = host_product(h, host_normed(x, norm, T, in, eps), T);
   auto dw = upload_vector(h.w, "w");
   auto ds = upload_vector(h.s, "s");
   auto dx = upload_vector(x, "x");
@@ -371,13 +375,7 @@ TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
   std::normal_distribution<float> nd(1.0f, 0.3f);
   std::vector<float> norm(static_cast<size_t>(in));
   for (float& v : norm) v = nd(rng);
-  std::vector<double> xn(size_t(T * in));
-  for (int64_t t = 0; t < T; ++t) {
-    double ss = 0.0;
-    for (int64_t k = 0; k < in; ++k) ss += double(x[size_t(t * in + k)]) * x[size_t(t * in + k)];
-    const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
-    for (int64_t k = 0; k < in; ++k) xn[size_t(t * in + k)] = norm[size_t(k)] * (x[size_t(t * in + k)] * inv);
-  }
+  const std::vector<double> xn = host_normed(x, norm, T, in, eps);
   const std::vector<double> want1 = host_product(h1, xn, T), want2 = host_product(h2, xn, T);
   auto dw1 = upload_vector(h1.w, "w1");
   auto ds1 = upload_vector(h1.s, "s1");
