@@ -57,6 +57,26 @@ DeviceLinear fp8_linear(const HostFp8& h, const DeviceBuffer& dw, const DeviceBu
   return w;
 }
 
+// Two FP8 weights on the device for a pair launch, with NaN-filled outputs
+// y1 [T, h1.out] and y2 [T, h2.out]: a row the launch misses stays NaN and
+// fails the check.
+struct DeviceFp8Pair {
+  DeviceBuffer w1, s1, w2, s2, y1, y2;
+  DeviceLinear l1, l2;
+};
+
+Result<DeviceFp8Pair> upload_pair(const HostFp8& h1, const HostFp8& h2, int64_t T) {
+  DeviceFp8Pair d;
+  AFF_ASSIGN_OR_RETURN(d.w1, upload_vector(h1.w, "w1"));
+  AFF_ASSIGN_OR_RETURN(d.s1, upload_vector(h1.s, "s1"));
+  AFF_ASSIGN_OR_RETURN(d.w2, upload_vector(h2.w, "w2"));
+  AFF_ASSIGN_OR_RETURN(d.s2, upload_vector(h2.s, "s2"));
+  AFF_ASSIGN_OR_RETURN(d.y1, upload_vector(std::vector<float>(size_t(T * h1.out), std::nanf("")), "y1"));
+  AFF_ASSIGN_OR_RETURN(d.y2, upload_vector(std::vector<float>(size_t(T * h2.out), std::nanf("")), "y2"));
+  d.l1 = fp8_linear(h1, d.w1, d.s1), d.l2 = fp8_linear(h2, d.w2, d.s2);
+  return d;
+}
+
 std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(n));
@@ -244,22 +264,16 @@ TEST_P(GemvFp8MmaPair, EachWeightWritesItsOwnProduct) {
   const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
   const std::vector<float> x = random_x(T * in, rng);
   const std::vector<double> want1 = host_product(h1, x, T), want2 = host_product(h2, x, T);
-  auto dw1 = upload_vector(h1.w, "w1");
-  auto ds1 = upload_vector(h1.s, "s1");
-  auto dw2 = upload_vector(h2.w, "w2");
-  auto ds2 = upload_vector(h2.s, "s2");
+  auto d = upload_pair(h1, h2, T);
   auto dx = upload_vector(x, "x");
-  // NaN-filled outputs: a row the launch misses stays NaN and fails the check.
-  auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
-  auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
-  ASSERT_TRUE(dw1.is_ok() && ds1.is_ok() && dw2.is_ok() && ds2.is_ok() && dx.is_ok() && dy1.is_ok() && dy2.is_ok());
-  const DeviceLinear w1 = fp8_linear(h1, *dw1, *ds1), w2 = fp8_linear(h2, *dw2, *ds2);
-  ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
+  ASSERT_TRUE(d.is_ok() && dx.is_ok());
+  ASSERT_TRUE(gemv_mma_pair_supports(d->l1, d->l2));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
-  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr)
+  ASSERT_TRUE(gemv_mma_pair(d->l1, d->l2, dx->as<float>(), in, T, d->y1.as<float>(), out1, d->y2.as<float>(), out2,
+                            nullptr)
                   .is_ok());
-  expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 pair w1");
-  expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 pair w2");
+  expect_close(d->y1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 pair w1");
+  expect_close(d->y2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 pair w2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaPair,
@@ -377,26 +391,19 @@ TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
   for (float& v : norm) v = nd(rng);
   const std::vector<double> xn = host_normed(x, norm, T, in, eps);
   const std::vector<double> want1 = host_product(h1, xn, T), want2 = host_product(h2, xn, T);
-  auto dw1 = upload_vector(h1.w, "w1");
-  auto ds1 = upload_vector(h1.s, "s1");
-  auto dw2 = upload_vector(h2.w, "w2");
-  auto ds2 = upload_vector(h2.s, "s2");
+  auto d = upload_pair(h1, h2, T);
   auto dx = upload_vector(x, "x");
   auto dn = upload_vector(norm, "norm");
-  auto dy1 = upload_vector(std::vector<float>(size_t(T * out1), std::nanf("")), "y1");
-  auto dy2 = upload_vector(std::vector<float>(size_t(T * out2), std::nanf("")), "y2");
-  ASSERT_TRUE(dw1.is_ok() && ds1.is_ok() && dw2.is_ok() && ds2.is_ok() && dx.is_ok() && dn.is_ok() && dy1.is_ok() &&
-              dy2.is_ok());
-  const DeviceLinear w1 = fp8_linear(h1, *dw1, *ds1), w2 = fp8_linear(h2, *dw2, *ds2);
-  ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
+  ASSERT_TRUE(d.is_ok() && dx.is_ok() && dn.is_ok());
+  ASSERT_TRUE(gemv_mma_pair_supports(d->l1, d->l2));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
   PairOptions o;
   o.norm = dn->as<float>(), o.eps = eps;
-  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr,
-                            o)
+  ASSERT_TRUE(gemv_mma_pair(d->l1, d->l2, dx->as<float>(), in, T, d->y1.as<float>(), out1, d->y2.as<float>(), out2,
+                            nullptr, o)
                   .is_ok());
-  expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 normed pair w1");
-  expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 normed pair w2");
+  expect_close(d->y1, want1, Shape{out1, in, 0, out1, T}, exact, "fp8 normed pair w1");
+  expect_close(d->y2, want2, Shape{out2, in, 0, out2, T}, exact, "fp8 normed pair w2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, GemvFp8MmaPairNormed,
