@@ -35,7 +35,7 @@ struct Switches {
   bool pool_store = env_switch_on("AFF_CUDA_POOL_STORE");    // a compressor's ring stores inside its pool launch
   bool stack_iq = env_switch_on("AFF_CUDA_STACK_IQ");        // the indexer's queries in wq_b's launch
   bool comb_job = env_switch_on("AFF_CUDA_COMB_JOB");        // an mHC site's Sinkhorn in the next launch
-  bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // ratio-4 projections at the block's end
+  bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // compressor projections once per 4 tokens
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
@@ -78,28 +78,28 @@ RopeArgs rope_rows(float* x, int64_t rows, int64_t len, const GpuState& st, bool
 }
 
 // x: [T, D] (rows ldx apart) through a compressor's two projections into kv,
-// gate: [T, width]. only_at: run only in a decode step that completes a
-// block (the tensor-core pair leaves at once otherwise; other paths compute
-// rows nobody reads).
+// gate: [T, width]. only_at: run only in a decode step whose position + 1 is
+// a multiple of `every` (the tensor-core pair leaves at once otherwise; other
+// paths compute rows nobody reads).
 Status compressor_project(const DeviceCompressor& c, const float* x, int64_t ldx, int64_t T, float* kv, float* gate,
-                          int64_t width, cudaStream_t s, const StepInfo* only_at = nullptr) {
+                          int64_t width, cudaStream_t s, const StepInfo* only_at = nullptr, int every = 0) {
   // Decode: both projections of x in one launch (each is a few microseconds
   // of latency, and the chain they start is on the step's critical path).
   if (!linear_uses_gemm(c.wkv, T) && !linear_uses_gemm(c.wgate, T) && gemv_mma_pair_supports(c.wkv, c.wgate)) {
     PairOptions o;
-    if (only_at != nullptr) o.step = only_at, o.complete_ratio = c.ratio;
+    if (only_at != nullptr) o.step = only_at, o.complete_ratio = every;
     return gemv_mma_pair(c.wkv, c.wgate, x, ldx, T, kv, width, gate, width, s, o);
   }
   AFF_RETURN_IF_ERROR(linear_rows(c.wkv, 0, c.wkv.out, x, ldx, T, kv, width, s));
   return linear_rows(c.wgate, 0, c.wgate.out, x, ldx, T, gate, width, s);
 }
 
-// Whether compressor c keeps its input x in cs.ring_x (a ratio small enough,
-// the ring allocated, deferral on), and whether a step of T tokens then
-// leaves its projections to the step that completes a block (decode steps,
-// whose ring stores ride in the pool launch).
+// Whether compressor c keeps its input x in cs.ring_x (the ring allocated for
+// its deferral unit, deferral on), and whether a step of T tokens then leaves
+// its projections to the step that completes a unit (decode steps, whose
+// ring stores ride in the pool launch).
 bool keeps_x_ring(const DeviceCompressor& c, const GpuCompressorState& cs) {
-  return cs.ring_x.bytes() > 0 && c.ratio <= kCompressorDeferMaxRatio && switches().comp_defer;
+  return cs.ring_x.bytes() > 0 && compressor_defer_rows(c.ratio) > 0 && switches().comp_defer;
 }
 bool defers_projections(const DeviceCompressor& c, const GpuCompressorState& cs, int64_t T) {
   return keeps_x_ring(c, cs) && T == 1 && switches().pool_store;
@@ -111,14 +111,16 @@ bool defers_projections(const DeviceCompressor& c, const GpuCompressorState& cs,
 // depends on the position on the host for T == 1, so a captured decode step
 // stays valid.
 //
-// A compressor of ratio <= kCompressorDeferMaxRatio defers a decode step's
-// projections to the step that completes a block (they are read only when an
-// entry is pooled): each step keeps its x in cs.ring_x, and the completing
-// step projects the block's rows in one launch (the same per-token sums).
-// A CSA layer then reads its compressors' BF16 weights (21 MB at V4 size)
-// once per 4 tokens instead of every token. A longer chunk that starts inside
-// a block first projects the block's earlier rows from the x ring into the
-// projection rings, as the steps before it may have left them there only.
+// A compressor defers a decode step's projections to the step that
+// completes a unit of u = compressor_defer_rows(ratio) positions (they are
+// read only when an entry is pooled): each step keeps its x in cs.ring_x,
+// and the completing step projects the unit's rows in one launch (the same
+// per-token sums) and stores them into the projection rings. A CSA layer
+// then reads its compressors' BF16 weights (21 MB at V4 size) once per 4
+// tokens instead of every token, an HCA layer its 8 MB likewise. A longer
+// chunk that starts inside a unit first projects the unit's earlier rows from
+// the x ring into the projection rings, as the steps before it may have left
+// them there only.
 // x_stored: this step's x is already in cs.ring_x (the mHC site wrote it).
 Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompressorState& cs, GpuState& st,
                       const float* x, int64_t T, int64_t pos0, float* kv, float* gate, cudaStream_t s,
@@ -127,6 +129,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   const int64_t width = (c.overlap ? 2 : 1) * int64_t(d), D = c.wkv.in;
   if ((pos0 + T) / r > cs.capacity) return internal_error("compressor: entry capacity exceeded");
   const bool x_ring = keeps_x_ring(c, cs);
+  const int u = compressor_defer_rows(r);  // the x ring's rows
   const StepInfo* step = st.step.as<StepInfo>();
   CompressorPoolArgs p;
   p.kv = kv, p.gate = gate, p.ape = c.ape;
@@ -136,11 +139,11 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   p.inv_freq = st.rope_compress.as<float>(), p.rope_dim = m.config.rope_dim;
   p.entries = cs.entries.as<float>();
   RingStoreArgs xs;  // x rows into the x ring
-  xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = r, xs.step = step, xs.T = T, xs.width = D;
+  xs.src = x, xs.ring = cs.ring_x.as<float>(), xs.capacity = u, xs.step = step, xs.T = T, xs.width = D;
   if (defers_projections(c, cs, T)) {
     if (!x_stored) AFF_RETURN_IF_ERROR(ring_store(xs, s));  // else the mHC site before wrote it
-    AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, r, kv, gate, width, s, step));
-    p.deferred = true, p.store_ring = true;
+    AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, u, kv, gate, width, s, step, u));
+    p.deferred = true, p.defer_rows = u, p.store_ring = true;
     return compressor_pool(p, s);
   }
   // kv and gate's first `rows` rows into the projection rings, row t at
@@ -153,8 +156,8 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
     e.ring = cs.ring_gate.as<float>(), e.src = gate, e.add = c.ape, e.period = r;
     return ring_store(e, s);
   };
-  if (x_ring && pos0 % r != 0) {  // the block's earlier rows, from the x ring into the projection rings
-    const int64_t k = pos0 % r;
+  if (x_ring && pos0 % u != 0) {  // the unit's earlier rows, from the x ring into the projection rings
+    const int64_t k = pos0 % u;
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, k, kv, gate, width, s));
     AFF_RETURN_IF_ERROR(store_projections(k, -k));
   }
@@ -344,8 +347,9 @@ HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_
   int n = 0;
   auto add = [&](const DeviceCompressor& c, GpuCompressorState& cs) {
     if (!c.present || !defers_projections(c, cs, T)) return;
-    if (r.rows != 0 && r.rows != c.ratio) return;  // one row count per site
-    r.rows = c.ratio, r.ring[n++] = cs.ring_x.as<float>();
+    const int u = compressor_defer_rows(c.ratio);
+    if (r.rows != 0 && r.rows != u) return;  // one row count per site
+    r.rows = u, r.ring[n++] = cs.ring_x.as<float>();
   };
   add(w.compressor, ls.kv);
   if (w.indexer.present) add(w.indexer.compressor, ls.idx);

@@ -78,7 +78,8 @@ Status alloc_compressor(GpuCompressorState& s, int ratio, int dim, bool overlap,
   s.ratio = ratio, s.dim = dim;
   AFF_RETURN_IF_ERROR(alloc(s.ring_kv, 2 * ratio * width, 4, "compressor ring"));
   AFF_RETURN_IF_ERROR(alloc(s.ring_gate, 2 * ratio * width, 4, "compressor ring"));
-  if (ratio <= kCompressorDeferMaxRatio) AFF_RETURN_IF_ERROR(alloc(s.ring_x, int64_t(ratio) * D, 4, "compressor ring"));
+  if (const int u = compressor_defer_rows(ratio); u > 0)
+    AFF_RETURN_IF_ERROR(alloc(s.ring_x, int64_t(u) * D, 4, "compressor ring"));
   AFF_ASSIGN_OR_RETURN(s.entries, GrowableDeviceBuffer::reserve(size_t(s.capacity) * size_t(dim) * 4, what));
   return Status::ok();
 }
@@ -310,8 +311,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.kv, T * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.u, T * int64_t(c.o_groups) * c.o_lora_rank, 4, "workspace"));
-  // A decode step that completes a block projects that block's rows at once (compressor_run).
-  const int64_t comp_rows = std::max<int64_t>(T, kCompressorDeferMaxRatio);
+  // A decode step that completes a deferral unit projects its rows at once (compressor_run).
+  const int64_t comp_rows = std::max<int64_t>(T, kCompressorDeferRows);
   const int64_t comp_width = 2 * std::max<int64_t>(Dh, c.index_head_dim);
   AFF_RETURN_IF_ERROR(alloc(w.comp_kv, comp_rows * comp_width, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.comp_gate, comp_rows * comp_width, 4, "workspace"));

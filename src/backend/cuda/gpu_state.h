@@ -64,8 +64,8 @@ class GrowableDeviceBuffer {
 struct GpuCompressorState {
   DeviceBuffer ring_kv;    // [2*ratio, width] projections of the last 2*ratio positions (p at row p % 2r)
   DeviceBuffer ring_gate;  // [2*ratio, width] gate logits + ape
-  DeviceBuffer ring_x;     // [ratio, D] compressor input of the positions of the block being filled (row p % ratio);
-                           // only for ratio <= kCompressorDeferMaxRatio, whose decode projections wait for the block's end
+  DeviceBuffer ring_x;     // [u, D] compressor input of the positions of the unit being filled (row p % u), with
+                           // u = compressor_defer_rows(ratio) (none when 0): decode projections wait for the unit's end
   GrowableDeviceBuffer entries;  // [capacity, dim]; entry j covers positions [j*ratio, (j+1)*ratio);
                                  // rows past the committed positions are not backed
   int64_t capacity = 0;    // rows reserved: kv_size / ratio + 1

@@ -67,6 +67,26 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
   return v;
 }
 
+// Asynchronous global -> shared copies (cp.async): the bytes land in shared
+// memory without passing through registers, so a warp can have many more in
+// flight than its registers hold. A thread sees its own copies after
+// cp_async_wait<N>() (at most N of its committed groups still pending).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+// 16 bytes through L2 only (.cg): weights read once per launch.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+
 // The low two E4M3 bytes of v as an f16x2 (low byte in the low half), by the
 // hardware conversion; exact, every E4M3 value is an f16.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {

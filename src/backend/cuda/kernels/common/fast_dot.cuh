@@ -452,16 +452,6 @@ constexpr int kGgmlRing = 4;            // groups in flight per warp
 constexpr int64_t kGgmlGroupMax = 1088; // bytes of the largest group (Q8_0: 32 x 34)
 constexpr int64_t kGgmlRingBytes = kGgmlRing * kGgmlGroupMax;  // shared memory per warp
 
-__device__ __forceinline__ void cp_async8(uint8_t* dst, const uint8_t* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 template <quant::GgmlType G, int TT>
 __device__ __forceinline__ void ggml_row_part_t(const DeviceLinear& w, int64_t row, const uint8_t* xs_smem, int nt,
                                                 int part, int S, uint8_t* ring, float (&acc)[TT]) {

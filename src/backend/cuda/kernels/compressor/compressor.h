@@ -35,18 +35,27 @@ struct CompressorPoolArgs {
   // still pools, so longer chunks store after the pool.
   bool store_ring = false;
   // T == 1 only: the projections were deferred to the step that completes a
-  // block (ratio <= kCompressorDeferMaxRatio). kv and gate then hold the rows
-  // of the block's `ratio` positions, ending at the current one, and are
-  // valid only in a completing step; with store_ring, that step stores all of
-  // them (the next entry pools the older half of an overlapped window from
-  // the ring). A step that completes nothing does nothing.
+  // unit of defer_rows positions (compressor_defer_rows). kv and gate then
+  // hold the unit's rows, ending at the current position, and are valid only
+  // in a step that completes the unit; with store_ring, that step stores all
+  // of them, and an entry it completes reads its block's earlier units (and
+  // the older half of an overlapped window) from the rings. A step that
+  // completes no unit does nothing.
   bool deferred = false;
+  int defer_rows = 0;
 };
 
-// Largest ratio whose projections a decode step may defer to the completing
-// step: its `ratio` rows of x are kept in a ring (GpuCompressorState::ring_x)
-// and projected in one launch there.
-constexpr int kCompressorDeferMaxRatio = 4;
+// Rows of x a decode step's deferred projections collect before one launch
+// projects them (GpuCompressorState::ring_x holds them): the most tokens the
+// exact BF16 tensor-core GEMV takes per launch, so the weights are read once
+// per unit. A ratio-4 compressor (CSA's, the indexer's) projects once per
+// entry; a ratio-128 one (HCA's) once per 4 tokens instead of every token.
+constexpr int kCompressorDeferRows = 4;
+
+// The unit a compressor of this ratio defers its projections over (0: none).
+constexpr int compressor_defer_rows(int ratio) {
+  return ratio % kCompressorDeferRows == 0 ? kCompressorDeferRows : ratio <= kCompressorDeferRows ? ratio : 0;
+}
 
 // Completes every entry the chunk finishes (ids from StepInfo, so a captured
 // decode step completes one exactly when its position closes a block):
