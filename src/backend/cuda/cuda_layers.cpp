@@ -564,6 +564,8 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   d.shared_slot = w.has_shared ? w.shared_slot : nullptr;
   d.x = x, d.T = T, d.D = c.hidden_size, d.inter = c.moe_inter, d.swiglu_limit = limit;
   d.act = ws.act.as<float>(), d.out = out;
+  // The up launch hands the down launch its pairs' w2 (what-if runs without the up launch do not).
+  if (!ablated("moe_up")) d.pair_w2 = ws.pair_w2.as<const uint8_t*>();
   const bool decode = T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
                       moe_decode_act_bytes(d) <= int64_t(ws.act.bytes());
   MoeDecodeArgs routed = d, shared_only = d;

@@ -326,6 +326,7 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.router_logits, T * int64_t(c.n_routed_experts), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_ids, T * k, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_w, T * k, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.pair_w2, T * k, int64_t(sizeof(void*)), "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.act, T * k * c.moe_inter, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.y_pairs, T * k * D, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.y_shared, T * D, 4, "workspace"));

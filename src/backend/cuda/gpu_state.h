@@ -100,6 +100,7 @@ struct Workspace {
   DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
   DeviceBuffer route_ids;               // i32 [T, k]
   DeviceBuffer route_w;                 // [T, k]
+  DeviceBuffer pair_w2;                 // pointers [T, k]: each routed pair's w2 (MoeDecodeArgs::pair_w2)
   DeviceBuffer act;                     // [T*k, moe_inter]
   DeviceBuffer y_pairs;                 // [T*k, D]
   DeviceBuffer y_shared;                // [T, D]

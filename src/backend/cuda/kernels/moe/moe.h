@@ -91,6 +91,10 @@ struct MoeDecodeArgs {
   float* out = nullptr;                      // [T, D]
   // Streaming kernels only (moe_fast_supported); the general ones refuse them.
   const float* add = nullptr;                // [T, D] added to out by the down launch, or null
+  // [T * k] or null: the up launch writes each routed pair's w2 here, so the
+  // down launch finds it with one load instead of two dependent ones (ids,
+  // then the slot), which its blocks' first weight copies wait for.
+  const uint8_t** pair_w2 = nullptr;
   int max_sms = 0;                           // SMs the launches spread over (0: all): a launch
                                              // running beside other work leaves it the rest
 };

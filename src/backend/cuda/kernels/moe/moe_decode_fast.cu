@@ -163,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   for (int p = p_lo + int(threadIdx.x); p <= p_hi; p += blockDim.x) {
     const ExpertSlot& s = m.slots[m.ids[p]];
     ptr[p - p_lo] = {s.w1.weight, s.w3.weight};
+    if (m.pair_w2 != nullptr) m.pair_w2[p] = s.w2.weight;  // for the down launch (blocks agree on it)
   }
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + a.r_bar) + warp * kMaxStages;
   if (has_routed && lane == 0) {
@@ -450,7 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   if (threadIdx.x == 0 && n_routed > 0) moe_fast::prefetch_l1(m.route_w);
 
   const uint8_t** ptr = reinterpret_cast<const uint8_t**>(smem + a.o_ptr);
-  for (int p = threadIdx.x; p < n_routed; p += blockDim.x) ptr[p] = m.slots[m.ids[p]].w2.weight;
+  for (int p = threadIdx.x; p < n_routed; p += blockDim.x)
+    ptr[p] = m.pair_w2 != nullptr ? m.pair_w2[p] : m.slots[m.ids[p]].w2.weight;
   float* red = reinterpret_cast<float*>(smem + a.o_red);
   if (m.shared_slot)  // warps with no unit of a tile leave its slots at zero
     for (int e = threadIdx.x; e < tiles * kWarps * kRedSlot; e += blockDim.x) red[e] = 0.0f;
