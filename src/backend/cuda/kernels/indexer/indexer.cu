@@ -56,123 +56,6 @@ struct ScoreLayout {
   static constexpr size_t bytes = red + 4 * kKeyTile * 4;
 };
 
-template <bool kSplit>
-__global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
-  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  using L = ScoreLayout<kSplit>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
-  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
-  float* w_s = reinterpret_cast<float*>(smem + L::w);
-  float* red = reinterpret_cast<float*>(smem + L::red);
-
-  const StepInfo step = *a.step;
-  const int64_t key0 = int64_t(blockIdx.x) * kKeyTile;
-  const int64_t t0 = int64_t(blockIdx.y) * kQueries;
-  if (t0 >= step.T) return;
-  const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
-  const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
-  if (key0 >= n_max) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
-
-  {  // all 16 loads in flight before converting (latency bound otherwise)
-    constexpr int kIters = kKeyTile * kMaxHd / 4 / kThreads;
-    float4 v[kIters];
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-      v[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
-                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-      store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, v[i]);
-    }
-  }
-  const int k_steps = (a.hd + 15) / 16;
-  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [64 kh, +64)
-
-  __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
-  const int rope_off = a.hd - a.rope_dim;
-  for (int64_t t = t0; t < t_end; ++t) {
-    const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
-    if (key0 >= n_vis) continue;  // uniform over the block
-    {
-      constexpr int kIters = kHeads * kMaxHd / 4 / kThreads;
-      float4 v[kIters];
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-        v[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
-        // (the previous token's table was last read before this loop's later barriers)
-        rope_table_fill(rope_tab, step.pos0 + t, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
-          if (d < rope_off || d >= a.hd) continue;
-          v[i] = rope_rotate4(v[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-        store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, v[i]);
-      }
-    }
-    if (threadIdx.x < kHeads) w_s[threadIdx.x] = threadIdx.x < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
-    __syncthreads();
-
-    float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int ks = 0; ks < k_steps; ++ks) {
-      uint32_t ah[4], al[4];
-      load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
-      if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b0, b1;
-        load_b_frag_nk(b0, b1, k_s, kLd, 64 * kh + 8 * j, 16 * ks, lane);
-        mma_bf16_16816(acc[j], ah, b0, b1);
-        if (kSplit) {
-          mma_bf16_16816(acc[j], al, b0, b1);
-          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, 64 * kh + 8 * j, 16 * ks, lane);
-          mma_bf16_16816(acc[j], ah, b0, b1);
-        }
-      }
-    }
-    const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
-      float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-      }
-      if (g == 0) {
-        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c] = s0;
-        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c + 1] = s1;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < kKeyTile) {
-      const int64_t j = key0 + threadIdx.x;
-      const int i = threadIdx.x;
-      if (j < a.capacity)
-        a.scores[t * a.capacity + j] =
-            j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
-    }
-  }
-}
-
 // Order-preserving map of floats onto unsigned integers.
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f + 0.0f);  // -0 -> +0: equal scores must get equal keys
@@ -210,24 +93,19 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* w
   return before + x - v;
 }
 
-// The row's ordered keys are staged once in shared memory (kStaged), so the
-// four radix passes and the compaction do not go back to global memory.
+// One block (NT threads) chooses the k highest of the n scores sc[0, n) into
+// out (ids in increasing order) and *count. The row's ordered keys are staged
+// once in shared memory (kStaged: staged holds n words), so the four radix
+// passes and the compaction do not go back to global memory. Scores are read
+// through L2 (other blocks of the same launch may have written them).
 template <int NT, bool kStaged>
-__global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
-  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  extern __shared__ uint32_t staged[];  // [ld] when kStaged
+__device__ void topk_row(const float* sc, int64_t n, int k, int32_t* out, int32_t* count, uint32_t* staged) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_remaining;
   __shared__ uint32_t warp_tot[33];
-  const StepInfo step = *a.step;
-  const int64_t t = blockIdx.x;
-  if (t >= step.T) return;
-  const int64_t n = n_visible(step.pos0 + t, a.ratio, a.ld);
-  const float* sc = a.scores + t * a.ld;
-  int32_t* out = a.sel + t * a.k;
-  if (n <= a.k) {
+  if (n <= k) {
     for (int64_t j = threadIdx.x; j < n; j += NT) out[j] = int32_t(j);
-    if (threadIdx.x == 0) a.count[t] = int32_t(n);
+    if (threadIdx.x == 0) *count = int32_t(n);
     return;
   }
   if (kStaged) {
@@ -237,7 +115,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
-        v[i] = j < n ? sc[j] : 0.0f;
+        v[i] = j < n ? __ldcg(sc + j) : 0.0f;
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
@@ -247,9 +125,9 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
     }
     __syncthreads();
   }
-  auto key_at = [&](int64_t j) { return kStaged ? staged[j] : order_key(sc[j]); };
+  auto key_at = [&](int64_t j) { return kStaged ? staged[j] : order_key(__ldcg(sc + j)); };
   const int lane = threadIdx.x & 31;
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(a.k);
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(k);
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
     __syncthreads();
@@ -311,7 +189,169 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
     out_base += (both_total >> 16) + (min(eq_seen + eq_total, remaining) - min(eq_seen, remaining));
     eq_seen += eq_total;
   }
-  if (threadIdx.x == 0) a.count[t] = a.k;
+  if (threadIdx.x == 0) *count = k;
+}
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  using L = ScoreLayout<kSplit>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
+  float* w_s = reinterpret_cast<float*>(smem + L::w);
+  float* red = reinterpret_cast<float*>(smem + L::red);
+
+  const StepInfo step = *a.step;
+  const int64_t key0 = int64_t(blockIdx.x) * kKeyTile;
+  const int64_t t0 = int64_t(blockIdx.y) * kQueries;
+  if (t0 >= step.T) return;
+  const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
+  const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
+  if (a.sel != nullptr && n_max == 0) {  // fused top-k with nothing visible: no block chooses
+    if (blockIdx.x == 0 && threadIdx.x == 0) *a.count = 0;
+    return;
+  }
+  if (key0 >= n_max) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+
+  // Every global load of the block goes out at once (the key tile, the first
+  // query's rows and head weights), and the first RoPE table is computed while
+  // they are in flight: each dependent round trip is ~1 us of a decode step's
+  // critical path.
+  constexpr int kKIters = kKeyTile * kMaxHd / 4 / kThreads;
+  constexpr int kQIters = kHeads * kMaxHd / 4 / kThreads;
+  float4 kv[kKIters];
+#pragma unroll
+  for (int i = 0; i < kKIters; ++i) {
+    const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+    kv[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float4 qv[kQIters];
+  float wv = 0.0f;
+  auto load_q = [&](int64_t t) {
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+      qv[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    wv = int(threadIdx.x) < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
+  };
+  load_q(t0);
+  __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
+  const int rope_off = a.hd - a.rope_dim;
+  if (a.rope_freq != nullptr) rope_table_fill(rope_tab, step.pos0 + t0, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
+#pragma unroll
+  for (int i = 0; i < kKIters; ++i) {
+    const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+    store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
+  }
+  const int k_steps = (a.hd + 15) / 16;
+  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [64 kh, +64)
+
+  for (int64_t t = t0; t < t_end; ++t) {
+    const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
+    if (key0 >= n_vis) continue;  // uniform over the block
+    if (t != t0) {
+      // (the previous token's table and q_s were last read before this loop's later barriers)
+      load_q(t);
+      if (a.rope_freq != nullptr)
+        rope_table_fill(rope_tab, step.pos0 + t, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
+    }
+    if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kQIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
+        if (d < rope_off || d >= a.hd) continue;
+        qv[i] = rope_rotate4(qv[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+      store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
+    }
+    if (threadIdx.x < kHeads) w_s[threadIdx.x] = wv;
+    __syncthreads();
+
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int ks = 0; ks < k_steps; ++ks) {
+      uint32_t ah[4], al[4];
+      load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
+      if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b0, b1;
+        load_b_frag_nk(b0, b1, k_s, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+        mma_bf16_16816(acc[j], ah, b0, b1);
+        if (kSplit) {
+          mma_bf16_16816(acc[j], al, b0, b1);
+          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+          mma_bf16_16816(acc[j], ah, b0, b1);
+        }
+      }
+    }
+    const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
+      float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+      }
+      if (g == 0) {
+        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c] = s0;
+        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c + 1] = s1;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kKeyTile) {
+      const int64_t j = key0 + threadIdx.x;
+      const int i = threadIdx.x;
+      if (j < a.capacity)
+        a.scores[t * a.capacity + j] =
+            j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
+    }
+  }
+  if (a.sel == nullptr) return;
+  // Fused top-k (one query): the last block to finish its scores chooses,
+  // reading the others' through L2 (each block's stores are fenced before it
+  // takes its ticket).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned blocks = unsigned((n_max + kKeyTile - 1) / kKeyTile);
+    last = atomicAdd(a.ticket, 1u) == blocks - 1;
+    if (last) *a.ticket = 0;  // zero again for the next launch (stream-ordered after this one)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint32_t* staged = reinterpret_cast<uint32_t*>(smem);  // the tiles are dead now
+  if (n_max * 4 <= int64_t(L::bytes))
+    topk_row<kThreads, true>(a.scores, n_max, a.topk, a.sel, a.count, staged);
+  else
+    topk_row<kThreads, false>(a.scores, n_max, a.topk, a.sel, a.count, staged);
+}
+
+template <int NT, bool kStaged>
+__global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
+  pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
+  extern __shared__ uint32_t staged[];  // [ld] when kStaged
+  const StepInfo step = *a.step;
+  const int64_t t = blockIdx.x;
+  if (t >= step.T) return;
+  const int64_t n = n_visible(step.pos0 + t, a.ratio, a.ld);
+  topk_row<NT, kStaged>(a.scores + t * a.ld, n, a.k, a.sel + t * a.k, a.count + t, staged);
 }
 
 // Every kernel's shared-memory limit is raised on the first call of either
@@ -357,6 +397,8 @@ Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   if ((a.T + kQueries - 1) / kQueries > 65535) return internal_error("indexer_scores: too many queries in one launch");
   if (a.rope_freq != nullptr && (a.rope_dim <= 0 || a.rope_dim % 4 != 0 || a.rope_dim > a.hd))
     return unsupported("indexer_scores: the RoPE tail must be a positive multiple of 4 dims, at most index_head_dim");
+  if (a.sel != nullptr && (a.T != 1 || a.count == nullptr || a.ticket == nullptr || a.topk <= 0))
+    return internal_error("indexer_scores: a fused top-k is for one query, with its count and ticket");
   return a.precision == MmaPrecision::kBf16x3 ? launch_scores<true>(a, stream) : launch_scores<false>(a, stream);
 }
 
