@@ -38,7 +38,6 @@ struct Switches {
   bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // compressor projections once per 4 tokens
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
-  bool topk_fused = env_switch_on("AFF_CUDA_TOPK_FUSED");  // a decode step's indexer top-k in its scores launch
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -224,11 +223,6 @@ Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
   if (rope_q) a.rope_freq = st.rope_compress.as<float>(), a.rope_dim = c.rope_dim;
   if (ablated("isel")) return Status::ok();
-  if (T == 1 && switches().topk_fused) {  // one query: the scores launch chooses too
-    a.sel = st.ws.sel.as<int32_t>(), a.count = st.ws.sel_count.as<int32_t>();
-    a.ticket = st.ws.sel_ticket.as<unsigned>(), a.topk = c.index_topk;
-    return indexer_scores(a, s);
-  }
   AFF_RETURN_IF_ERROR(indexer_scores(a, s));
   TopkArgs k;
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;

@@ -323,8 +323,6 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.scores, T * max_idx_entries, 4, "indexer scores"));
   AFF_RETURN_IF_ERROR(alloc(w.sel, T * std::max(c.index_topk, 1), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.sel_count, T, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.sel_ticket, 1, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.sel_ticket.data(), 0, w.sel_ticket.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.router_logits, T * int64_t(c.n_routed_experts), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_ids, T * k, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_w, T * k, 4, "workspace"));

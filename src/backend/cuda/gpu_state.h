@@ -96,7 +96,6 @@ struct Workspace {
   DeviceBuffer iw;                      // [T, index_n_heads]
   DeviceBuffer scores;                  // [T, max indexer entries]
   DeviceBuffer sel, sel_count;          // i32 [T, index_topk], i32 [T]
-  DeviceBuffer sel_ticket;              // u32 [1], zero between launches (a scores launch with a fused top-k)
   DeviceBuffer router_logits;           // [T, E]
   DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
   DeviceBuffer route_ids;               // i32 [T, k]

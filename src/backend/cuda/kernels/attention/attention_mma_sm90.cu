@@ -21,6 +21,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/device_info.h"
+#include "backend/cuda/runtime/env_switch.h"
 
 namespace aff::cuda {
 namespace {
@@ -429,7 +430,9 @@ SplitPlan plan_splits(const AttentionArgs& a) {
   const int64_t rows = a.T <= kFewQueries ? 16 : 64;
   const int64_t groups = (a.H + rows - 1) / rows;
   const int64_t base = std::max<int64_t>(1, a.T * groups);
-  int64_t splits = std::min<int64_t>({tiles, (2 * current_device_multiprocessors() + base - 1) / base, kMaxSplits});
+  // AFF_CUDA_ATTN_SPLITS: a cap on the key splits (tuning knob).
+  static const int cap = env_int("AFF_CUDA_ATTN_SPLITS", int(kMaxSplits), 1, int(kMaxSplits));
+  int64_t splits = std::min<int64_t>({tiles, (2 * current_device_multiprocessors() + base - 1) / base, int64_t(cap)});
   const int64_t per_split_floats = a.T * a.H * (int64_t(a.Dh) + 2);
   if (a.scratch == nullptr || per_split_floats == 0) splits = 1;
   else splits = std::min<int64_t>(splits, a.scratch_floats / per_split_floats);

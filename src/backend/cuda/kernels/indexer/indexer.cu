@@ -56,142 +56,6 @@ struct ScoreLayout {
   static constexpr size_t bytes = red + 4 * kKeyTile * 4;
 };
 
-// Order-preserving map of floats onto unsigned integers.
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f + 0.0f);  // -0 -> +0: equal scores must get equal keys
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Exclusive prefix sum of v over the block (NT threads) and the total: warp
-// scans, then one warp scans the warp totals (not every thread).
-template <int NT>
-__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_tot, uint32_t& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint32_t x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) warp_tot[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    const uint32_t own = lane < NT / 32 ? warp_tot[lane] : 0u;
-    uint32_t incl = own;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    if (lane < NT / 32) warp_tot[lane] = incl - own;  // exclusive
-    if (lane == 31) warp_tot[32] = incl;
-  }
-  __syncthreads();
-  const uint32_t before = warp_tot[warp];
-  total = warp_tot[32];
-  __syncthreads();  // warp_tot is reused by the next call
-  return before + x - v;
-}
-
-// One block (NT threads) chooses the k highest of the n scores sc[0, n) into
-// out (ids in increasing order) and *count. The row's ordered keys are staged
-// once in shared memory (kStaged: staged holds n words), so the four radix
-// passes and the compaction do not go back to global memory. Scores are read
-// through L2 (other blocks of the same launch may have written them).
-template <int NT, bool kStaged>
-__device__ void topk_row(const float* sc, int64_t n, int k, int32_t* out, int32_t* count, uint32_t* staged) {
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t s_prefix, s_remaining;
-  __shared__ uint32_t warp_tot[33];
-  if (n <= k) {
-    for (int64_t j = threadIdx.x; j < n; j += NT) out[j] = int32_t(j);
-    if (threadIdx.x == 0) *count = int32_t(n);
-    return;
-  }
-  if (kStaged) {
-    constexpr int kBatch = 8;
-    for (int64_t j0 = 0; j0 < n; j0 += int64_t(NT) * kBatch) {
-      float v[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
-        v[i] = j < n ? __ldcg(sc + j) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
-        if (j < n) staged[j] = order_key(v[i]);
-      }
-    }
-    __syncthreads();
-  }
-  auto key_at = [&](int64_t j) { return kStaged ? staged[j] : order_key(__ldcg(sc + j)); };
-  const int lane = threadIdx.x & 31;
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
-    __syncthreads();
-    // Scores of similar size share their high bits, so the early passes hit
-    // few bins: lanes with the same bin add once, by their count (a plain
-    // atomic per key serialises thousands of updates on one address).
-    for (int64_t j0 = 0; j0 < n; j0 += NT) {
-      const int64_t j = j0 + threadIdx.x;
-      const uint32_t u = j < n ? key_at(j) : 0u;
-      const uint32_t bin = j < n && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
-      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-      if (bin < 256u && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], uint32_t(__popc(peers)));
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {  // warp 0: lane owns bins [8 lane, +8); find the bin holding the k-th largest
-      uint32_t own = 0;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) own += hist[8 * lane + b];
-      uint32_t suffix = own;  // sum over lanes >= this one
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_down_sync(0xffffffffu, suffix, o);
-        if (lane + o < 32) suffix += y;
-      }
-      uint32_t cum = suffix - own;  // keys in higher bins
-      if (cum < remaining && suffix >= remaining) {
-        for (int b = 8 * lane + 7; b >= 8 * lane; --b) {
-          if (cum + hist[b] >= remaining) {
-            s_prefix = prefix | (uint32_t(b) << shift);
-            s_remaining = remaining - cum;
-            break;
-          }
-          cum += hist[b];
-        }
-      }
-    }
-    __syncthreads();
-    prefix = s_prefix;
-    remaining = s_remaining;
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  // prefix is now the exact key of the k-th largest score: take every larger
-  // key and the `remaining` lowest-id keys equal to it. One scan per round
-  // counts both (larger in the high 16 bits, equal in the low 16).
-  uint32_t out_base = 0, eq_seen = 0;
-  for (int64_t j0 = 0; j0 < n; j0 += NT) {
-    const int64_t j = j0 + threadIdx.x;
-    const uint32_t u = j < n ? key_at(j) : 0u;
-    const bool gt = j < n && u > prefix;
-    const bool eq = j < n && u == prefix;
-    uint32_t both_total = 0;
-    const uint32_t both = block_exclusive_scan<NT>((gt ? 1u << 16 : 0u) | (eq ? 1u : 0u), warp_tot, both_total);
-    const uint32_t gt_before = both >> 16, eq_before = eq_seen + (both & 0xffffu);
-    const uint32_t taken_eq_before = min(eq_before, remaining) - min(eq_seen, remaining);
-    const bool take = gt || (eq && eq_before < remaining);
-    if (take) out[out_base + gt_before + taken_eq_before] = int32_t(j);
-    const uint32_t eq_total = both_total & 0xffffu;
-    out_base += (both_total >> 16) + (min(eq_seen + eq_total, remaining) - min(eq_seen, remaining));
-    eq_seen += eq_total;
-  }
-  if (threadIdx.x == 0) *count = k;
-}
-
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
@@ -208,10 +72,6 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
   if (t0 >= step.T) return;
   const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
   const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
-  if (a.sel != nullptr && n_max == 0) {  // fused top-k with nothing visible: no block chooses
-    if (blockIdx.x == 0 && threadIdx.x == 0) *a.count = 0;
-    return;
-  }
   if (key0 >= n_max) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -321,37 +181,147 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
             j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
     }
   }
-  if (a.sel == nullptr) return;
-  // Fused top-k (one query): the last block to finish its scores chooses,
-  // reading the others' through L2 (each block's stores are fenced before it
-  // takes its ticket).
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned blocks = unsigned((n_max + kKeyTile - 1) / kKeyTile);
-    last = atomicAdd(a.ticket, 1u) == blocks - 1;
-    if (last) *a.ticket = 0;  // zero again for the next launch (stream-ordered after this one)
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  uint32_t* staged = reinterpret_cast<uint32_t*>(smem);  // the tiles are dead now
-  if (n_max * 4 <= int64_t(L::bytes))
-    topk_row<kThreads, true>(a.scores, n_max, a.topk, a.sel, a.count, staged);
-  else
-    topk_row<kThreads, false>(a.scores, n_max, a.topk, a.sel, a.count, staged);
 }
 
+// Order-preserving map of floats onto unsigned integers.
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f + 0.0f);  // -0 -> +0: equal scores must get equal keys
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block (NT threads) and the total: warp
+// scans, then one warp scans the warp totals (not every thread).
+template <int NT>
+__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_tot, uint32_t& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_tot[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t own = lane < NT / 32 ? warp_tot[lane] : 0u;
+    uint32_t incl = own;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane < NT / 32) warp_tot[lane] = incl - own;  // exclusive
+    if (lane == 31) warp_tot[32] = incl;
+  }
+  __syncthreads();
+  const uint32_t before = warp_tot[warp];
+  total = warp_tot[32];
+  __syncthreads();  // warp_tot is reused by the next call
+  return before + x - v;
+}
+
+// The row's ordered keys are staged once in shared memory (kStaged), so the
+// four radix passes and the compaction do not go back to global memory.
 template <int NT, bool kStaged>
 __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   extern __shared__ uint32_t staged[];  // [ld] when kStaged
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_remaining;
+  __shared__ uint32_t warp_tot[33];
   const StepInfo step = *a.step;
   const int64_t t = blockIdx.x;
   if (t >= step.T) return;
   const int64_t n = n_visible(step.pos0 + t, a.ratio, a.ld);
-  topk_row<NT, kStaged>(a.scores + t * a.ld, n, a.k, a.sel + t * a.k, a.count + t, staged);
+  const float* sc = a.scores + t * a.ld;
+  int32_t* out = a.sel + t * a.k;
+  if (n <= a.k) {
+    for (int64_t j = threadIdx.x; j < n; j += NT) out[j] = int32_t(j);
+    if (threadIdx.x == 0) a.count[t] = int32_t(n);
+    return;
+  }
+  if (kStaged) {
+    constexpr int kBatch = 8;
+    for (int64_t j0 = 0; j0 < n; j0 += int64_t(NT) * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
+        v[i] = j < n ? sc[j] : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t j = j0 + threadIdx.x + int64_t(i) * NT;
+        if (j < n) staged[j] = order_key(v[i]);
+      }
+    }
+    __syncthreads();
+  }
+  auto key_at = [&](int64_t j) { return kStaged ? staged[j] : order_key(sc[j]); };
+  const int lane = threadIdx.x & 31;
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(a.k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
+    __syncthreads();
+    // Scores of similar size share their high bits, so the early passes hit
+    // few bins: lanes with the same bin add once, by their count (a plain
+    // atomic per key serialises thousands of updates on one address).
+    for (int64_t j0 = 0; j0 < n; j0 += NT) {
+      const int64_t j = j0 + threadIdx.x;
+      const uint32_t u = j < n ? key_at(j) : 0u;
+      const uint32_t bin = j < n && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256u && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], uint32_t(__popc(peers)));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // warp 0: lane owns bins [8 lane, +8); find the bin holding the k-th largest
+      uint32_t own = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) own += hist[8 * lane + b];
+      uint32_t suffix = own;  // sum over lanes >= this one
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += y;
+      }
+      uint32_t cum = suffix - own;  // keys in higher bins
+      if (cum < remaining && suffix >= remaining) {
+        for (int b = 8 * lane + 7; b >= 8 * lane; --b) {
+          if (cum + hist[b] >= remaining) {
+            s_prefix = prefix | (uint32_t(b) << shift);
+            s_remaining = remaining - cum;
+            break;
+          }
+          cum += hist[b];
+        }
+      }
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    remaining = s_remaining;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  // prefix is now the exact key of the k-th largest score: take every larger
+  // key and the `remaining` lowest-id keys equal to it. One scan per round
+  // counts both (larger in the high 16 bits, equal in the low 16).
+  uint32_t out_base = 0, eq_seen = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += NT) {
+    const int64_t j = j0 + threadIdx.x;
+    const uint32_t u = j < n ? key_at(j) : 0u;
+    const bool gt = j < n && u > prefix;
+    const bool eq = j < n && u == prefix;
+    uint32_t both_total = 0;
+    const uint32_t both = block_exclusive_scan<NT>((gt ? 1u << 16 : 0u) | (eq ? 1u : 0u), warp_tot, both_total);
+    const uint32_t gt_before = both >> 16, eq_before = eq_seen + (both & 0xffffu);
+    const uint32_t taken_eq_before = min(eq_before, remaining) - min(eq_seen, remaining);
+    const bool take = gt || (eq && eq_before < remaining);
+    if (take) out[out_base + gt_before + taken_eq_before] = int32_t(j);
+    const uint32_t eq_total = both_total & 0xffffu;
+    out_base += (both_total >> 16) + (min(eq_seen + eq_total, remaining) - min(eq_seen, remaining));
+    eq_seen += eq_total;
+  }
+  if (threadIdx.x == 0) a.count[t] = a.k;
 }
 
 // Every kernel's shared-memory limit is raised on the first call of either
@@ -397,8 +367,6 @@ Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   if ((a.T + kQueries - 1) / kQueries > 65535) return internal_error("indexer_scores: too many queries in one launch");
   if (a.rope_freq != nullptr && (a.rope_dim <= 0 || a.rope_dim % 4 != 0 || a.rope_dim > a.hd))
     return unsupported("indexer_scores: the RoPE tail must be a positive multiple of 4 dims, at most index_head_dim");
-  if (a.sel != nullptr && (a.T != 1 || a.count == nullptr || a.ticket == nullptr || a.topk <= 0))
-    return internal_error("indexer_scores: a fused top-k is for one query, with its count and ticket");
   return a.precision == MmaPrecision::kBf16x3 ? launch_scores<true>(a, stream) : launch_scores<false>(a, stream);
 }
 

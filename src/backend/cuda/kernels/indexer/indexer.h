@@ -32,14 +32,6 @@ struct IndexerScoreArgs {
   // position step->pos0 + t; qkv_finish's arithmetic). [rope_dim / 2] device.
   const float* rope_freq = nullptr;
   int rope_dim = 0;
-  // Non-null (T == 1 only, a decode step): the launch also chooses the
-  // query's top-k as indexer_topk does, in the last of its blocks to finish
-  // (ticket: u32 in device memory, zero between launches; left zero): one
-  // launch fewer on the attention's input chain.
-  int32_t* sel = nullptr;    // out [topk]
-  int32_t* count = nullptr;  // out [1]
-  unsigned* ticket = nullptr;
-  int topk = 0;
 };
 
 // Entry j is visible to the query at position p when j < (p + 1) / ratio.
