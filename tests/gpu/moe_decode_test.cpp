@@ -6,6 +6,7 @@
 // experts with separate gate/up and down types, FP8 shared expert) at the full
 // V4 geometry and at shapes that leave lanes idle, in both MMA precisions, and
 // checks that a second run gives the same bits.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -290,23 +291,29 @@ TEST_P(MoeDecodeFastTest, MatchesReferenceAndRepeatsBits) {
     a.shared_slot = c.shared ? us.table.as<ExpertSlot>() : nullptr;
     a.x = dx->as<float>(), a.T = T, a.D = D, a.inter = I, a.swiglu_limit = kSwigluLimit, a.out = dout->as<float>();
     auto act = DeviceBuffer::allocate(size_t(moe_decode_act_bytes(a)), "act");
-    ASSERT_TRUE(act.is_ok());
+    // Each routed pair's w2 as the up launch hands it to the down launch (zeroed: a pair the
+    // up launch missed would fault).
+    auto pair_w2 = DeviceBuffer::allocate(ids.size() * sizeof(void*), "pair_w2");
+    ASSERT_TRUE(act.is_ok() && pair_w2.is_ok());
+    ASSERT_EQ(cudaMemset(pair_w2->data(), 0, pair_w2->bytes()), cudaSuccess);
     a.act = act->as<float>();
     // The streaming kernels serve every T of these cases (T <= kMoeFastMaxTokens).
     ASSERT_TRUE(moe_fast_supported(a)) << "the streaming kernels must take this layout (T=" << T << ")";
     for (bool exact : c.exact) {
       set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
       std::vector<float> runs[2];
-      for (auto& run : runs) {
-        ASSERT_TRUE(moe_decode_up(a, nullptr).is_ok());
-        ASSERT_TRUE(moe_decode_down(a, nullptr).is_ok());
+      for (int r = 0; r < 2; ++r) {  // the second run with the w2 handoff (the decode step's form)
+        MoeDecodeArgs ar = a;
+        if (r == 1) ar.pair_w2 = pair_w2->as<const uint8_t*>();
+        ASSERT_TRUE(moe_decode_up(ar, nullptr).is_ok());
+        ASSERT_TRUE(moe_decode_down(ar, nullptr).is_ok());
         auto got = download_vector(dout->as<float>(), want.size(), "out");
         ASSERT_TRUE(got.is_ok());
-        run = std::move(got).value();
+        runs[r] = std::move(got).value();
       }
       set_mma_precision(MmaPrecision::kBf16x3);
       for (float v : runs[0]) ASSERT_TRUE(std::isfinite(v)) << "T=" << T;
-      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "T=" << T << ": not repeatable";
+      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "T=" << T << ": not repeatable (or the w2 handoff differs)";
       const double e = rel_rms(runs[0].data(), want.data(), want.size());
       std::printf("[moe-fast] %s %s T=%lld: rel_rms %.3e\n", c.name.c_str(), exact ? "exact" : "fast", (long long)T, e);
       const double bound = c.k > 0 ? kGgmlMaxRelRms : exact ? kNativeMaxRelRms : kFastNativeMaxRelRms;
@@ -320,7 +327,7 @@ TEST_P(MoeDecodeFastTest, MatchesReferenceAndRepeatsBits) {
         ASSERT_TRUE(sh_out.is_ok());
         sh.k = 0, sh.act = a.act + T * c.k * I, sh.out = sh_out->as<float>();
         sh.max_sms = std::max(1, current_device_multiprocessors() / 2);
-        ro.shared_slot = nullptr, ro.add = sh.out;
+        ro.shared_slot = nullptr, ro.add = sh.out, ro.pair_w2 = pair_w2->as<const uint8_t*>();
         ASSERT_TRUE(moe_decode_streams(sh) && moe_decode_streams(ro)) << "T=" << T;
         ASSERT_TRUE(copy_to_device(dout->data(), std::vector<float>(want.size(), std::nanf("")).data(),
                                    want.size() * 4, "out").is_ok());
