@@ -249,6 +249,7 @@ TEST(TinyModelGpu, OpCheckerPassesOnTrainedWeights) {
   ASSERT_TRUE(dev.is_ok()) << dev.status().message();
   OpCheckOptions o;
   o.seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));  // the checker's tokens and choices follow from it
   auto results = check_ops(**loaded, **dev, o);
   ASSERT_TRUE(results.is_ok()) << results.status().message();
   expect_all_ok(*results);
