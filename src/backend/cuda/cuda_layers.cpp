@@ -143,7 +143,7 @@ Status compressor_run(const DeviceModel& m, const DeviceCompressor& c, GpuCompre
   if (defers_projections(c, cs, T)) {
     if (!x_stored) AFF_RETURN_IF_ERROR(ring_store(xs, s));  // else the mHC site before wrote it
     AFF_RETURN_IF_ERROR(compressor_project(c, cs.ring_x.as<float>(), D, u, kv, gate, width, s, step, u));
-    p.deferred = true, p.defer_rows = u, p.store_ring = true;
+    p.deferred = true, p.store_ring = true;
     return compressor_pool(p, s);
   }
   // kv and gate's first `rows` rows into the projection rings, row t at

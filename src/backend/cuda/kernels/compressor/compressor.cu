@@ -65,13 +65,14 @@ __device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t
 // Blocks [pool_blocks, ...) of a store_ring launch: the token's kv then gate
 // row into the rings (a thread per element). Its row is not one the entry
 // this step may complete reads (that window ends at the token, read directly).
-// Deferred: the unit's defer_rows rows, only in a step that completes it.
+// Deferred: the unit's rows (compressor_defer_rows), only in a step that completes it.
 __device__ void store_rows(const CompressorPoolArgs& a, int64_t i) {
   const int width = a.overlap ? 2 * a.dim : a.dim;
-  const int64_t rows = a.deferred ? a.defer_rows : 1;
+  const int unit = compressor_defer_rows(a.ratio);
+  const int64_t rows = a.deferred ? unit : 1;
   if (i >= 2 * int64_t(width) * rows) return;
   const int64_t pos_now = a.step->pos0;
-  if (a.deferred && (pos_now + 1) % a.defer_rows != 0) return;
+  if (a.deferred && (pos_now + 1) % unit != 0) return;
   const int64_t t = i / (2 * width), j = i % (2 * width);
   const int64_t pos = pos_now - (rows - 1) + t, row = pos % (2 * a.ratio);
   const int c = int(j % width);
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) compressor_pool_f32_sm90(CompressorP
   const int64_t b = first_new_entry(st, a.ratio) + blockIdx.x;
   // Deferred: kv / gate hold the completed unit's rows (its first position
   // first); the block's earlier units are in the rings.
-  const int64_t chunk0 = a.deferred ? st.pos0 + 1 - a.defer_rows : st.pos0;
+  const int64_t chunk0 = a.deferred ? st.pos0 + 1 - compressor_defer_rows(a.ratio) : st.pos0;
   __shared__ float row[kMaxDim];
   __shared__ float partial[kThreads / 32];
   float ss = 0.0f;
@@ -151,10 +152,10 @@ Status compressor_pool(const CompressorPoolArgs& a, cudaStream_t stream) {
   const int64_t most = a.T / a.ratio + 1;
   if (most > 0x7fffffff) return internal_error("compressor_pool: too many entries in one launch");
   if (a.store_ring && a.T != 1) return internal_error("compressor_pool: ring stores ride along only with one token");
-  if (a.deferred && (a.T != 1 || a.defer_rows <= 0 || a.defer_rows != compressor_defer_rows(a.ratio)))
-    return internal_error("compressor_pool: deferred projections are for one token, in units of the ratio's defer rows");
+  if (a.deferred && (a.T != 1 || compressor_defer_rows(a.ratio) == 0))
+    return internal_error("compressor_pool: deferred projections are for one token and a ratio with a deferral unit");
   const int64_t width = a.overlap ? 2 * a.dim : a.dim;
-  const int64_t store_rows_n = a.deferred ? a.defer_rows : 1;
+  const int64_t store_rows_n = a.deferred ? compressor_defer_rows(a.ratio) : 1;
   const int64_t store_blocks = a.store_ring ? (2 * width * store_rows_n + kThreads - 1) / kThreads : 0;
   const cudaError_t e = launch_pdl(compressor_pool_f32_sm90, dim3(unsigned(most + store_blocks)), dim3(kThreads), 0,
                                    stream, a, unsigned(most));

@@ -35,14 +35,13 @@ struct CompressorPoolArgs {
   // still pools, so longer chunks store after the pool.
   bool store_ring = false;
   // T == 1 only: the projections were deferred to the step that completes a
-  // unit of defer_rows positions (compressor_defer_rows). kv and gate then
+  // unit of compressor_defer_rows(ratio) positions. kv and gate then
   // hold the unit's rows, ending at the current position, and are valid only
   // in a step that completes the unit; with store_ring, that step stores all
   // of them, and an entry it completes reads its block's earlier units (and
   // the older half of an overlapped window) from the rings. A step that
   // completes no unit does nothing.
   bool deferred = false;
-  int defer_rows = 0;
 };
 
 // Rows of x a decode step's deferred projections collect before one launch
@@ -53,7 +52,7 @@ struct CompressorPoolArgs {
 constexpr int kCompressorDeferRows = 4;
 
 // The unit a compressor of this ratio defers its projections over (0: none).
-constexpr int compressor_defer_rows(int ratio) {
+__host__ __device__ constexpr int compressor_defer_rows(int ratio) {
   return ratio % kCompressorDeferRows == 0 ? kCompressorDeferRows : ratio <= kCompressorDeferRows ? ratio : 0;
 }
 

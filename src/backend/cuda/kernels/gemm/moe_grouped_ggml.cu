@@ -100,9 +100,6 @@ struct GemmParams {
   const int32_t* pair_of_slot = nullptr;  // down: [total] pair of each sorted row
 };
 
-using moe_fast::cp_async16;
-using moe_fast::cp_async_commit;
-using moe_fast::cp_async_wait_all;
 using moe_fast::mbar_arrive;
 
 // Four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8.

@@ -138,9 +138,6 @@ struct V2Params {
   const int32_t* pair_of_slot = nullptr;  // down: [total] pair of each sorted row
 };
 
-using moe_fast::cp_async16;
-using moe_fast::cp_async_commit;
-using moe_fast::cp_async_wait_all;
 using moe_fast::mbar_arrive;
 
 __device__ __forceinline__ uint16_t bf16_rn_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }

@@ -64,11 +64,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// cp.async (common/decode.cuh), by the names this kernel family uses.
-using ::aff::cuda::cp_async16;
-using ::aff::cuda::cp_async_commit;
-using ::aff::cuda::cp_async_wait_all;
-
 // Global -> shared copy of `bytes` (multiple of 16; both addresses 16-byte aligned).
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
