@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "backend/cpu/moe_lane.h"
@@ -91,6 +92,12 @@ Status moe_route(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
   routing.k = k;
   routing.experts.assign(size_t(T * k), 0);
   routing.weights.assign(size_t(T * k), 0.0f);
+  routing.gap.clear();
+  routing.runner_up.clear();
+  if (!hash_layer) {
+    routing.gap.assign(size_t(T), std::numeric_limits<float>::infinity());
+    routing.runner_up.assign(size_t(T), -1);
+  }
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* s = scores.data() + t * E;
@@ -106,12 +113,21 @@ Status moe_route(const ModelConfig& cfg, const MoeWeights& w, bool hash_layer,
         sel[i] = int32_t(e);
       }
     } else {
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-        const float va = s[a] + bias[size_t(a)], vb = s[b] + bias[size_t(b)];
+      auto value = [&](int32_t e) { return s[e] + bias[size_t(e)]; };
+      auto before = [&](int32_t a, int32_t b) {
+        const float va = value(a), vb = value(b);
         return va > vb || (va == vb && a < b);
-      });
+      };
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
       std::copy_n(order.begin(), k, sel);
+      // The margin of this choice: the k-th selected (order[k-1], the selection
+      // is sorted) against the best of the rest, compared as the sort compares.
+      if (k > 0 && k < E) {
+        const int32_t next = *std::min_element(order.begin() + k, order.end(), before);
+        routing.gap[size_t(t)] = value(order[size_t(k - 1)]) - value(next);
+        routing.runner_up[size_t(t)] = next;
+      }
     }
     float sum = 0.0f;
     for (int i = 0; i < k; ++i) sum += s[sel[i]];

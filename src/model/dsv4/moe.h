@@ -17,8 +17,15 @@ namespace aff::dsv4 {
 // The experts chosen for T tokens and their weights.
 struct Routing {
   int k = 0;
-  std::vector<int32_t> experts;  // [T, k]
+  std::vector<int32_t> experts;  // [T, k]; learned layers: best first
   std::vector<float> weights;    // [T, k], already x routed_scaling_factor
+  // Learned layers only (empty for hash layers): how close each token's
+  // selection was to changing, in the units it compares (score + bias, f32).
+  // gap = value of the k-th selected expert - value of the best unselected one
+  // (>= 0; +inf when k = E); runner_up is that unselected expert (-1 when k = E).
+  // A backend whose scores differ by more than gap may choose other experts.
+  std::vector<float> gap;          // [T]
+  std::vector<int32_t> runner_up;  // [T]
 };
 
 // Router of one layer. x: [T, D] (after ffn_norm); tokens: [T] ids (hash layers).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "backend/cuda/cuda_forward.h"
@@ -19,6 +20,7 @@
 #include "model/dsv4/forward.h"
 #include "model/dsv4/mhc.h"
 #include "model/dsv4/moe.h"
+#include "model/dsv4/routing_margin.h"
 #include "model/dsv4/state.h"
 
 namespace aff::cuda {
@@ -317,14 +319,59 @@ class Checker {
     return Status::ok();
   }
 
+  static std::string sci(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3e", v);
+    return b;
+  }
+
+  // Tokens for the whole-model checks (prefill, then the decode steps' tokens)
+  // whose learned routing clears opts_.routing_margin on the CPU reference (see
+  // OpCheckOptions), reported as "model.routing_margin". Attempt 0 continues
+  // the checker's stream, so a seed replays the tokens it drew before the
+  // margin existed; attempt a > 0 draws from seed + a.
+  Result<std::vector<int32_t>> model_tokens() {
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg_.vocab_size - 1));
+    const int64_t total = opts_.model_tokens + opts_.decode_steps;
+    const int attempts = std::max(1, opts_.routing_attempts);
+    std::vector<int32_t> tokens(static_cast<size_t>(total)), best;
+    dsv4::RoutingMargin best_m;
+    int best_attempt = -1;
+    std::string rejected;  // earlier draws' gaps
+    for (int a = 0; a < attempts; ++a) {
+      std::mt19937_64 derived(opts_.seed + uint64_t(a));
+      std::mt19937_64& r = a == 0 ? rng_ : derived;
+      for (int32_t& t : tokens) t = tok(r);
+      AFF_ASSIGN_OR_RETURN(dsv4::RoutingMargin m, dsv4::routing_margin(model_, tokens, opts_.model_tokens));
+      if (best_attempt < 0 || m.gap > best_m.gap) best = tokens, best_m = m, best_attempt = a;
+      if (m.gap >= opts_.routing_margin) break;
+      rejected += (rejected.empty() ? "" : ", ") + sci(m.gap);
+    }
+    const bool ok = best_m.gap >= opts_.routing_margin;
+    std::string detail;
+    if (best_m.decisions == 0) {
+      detail = "no learned-router layer";
+    } else {
+      detail = std::string(ok ? "attempt " + std::to_string(best_attempt) + " (of up to " + std::to_string(attempts) + ")"
+                              : "no draw of " + std::to_string(attempts) + " clears " + sci(opts_.routing_margin) +
+                                    "; widest: attempt " + std::to_string(best_attempt)) +
+               ", min gap " + sci(best_m.gap) + " at layer " + std::to_string(best_m.layer) + " position " +
+               std::to_string(best_m.position) + " (k-th selected expert " + std::to_string(best_m.last_selected) +
+               " vs runner-up " + std::to_string(best_m.runner_up) + ", " + std::to_string(best_m.decisions) +
+               " decisions)";
+      if (!rejected.empty()) detail += "; rejected draws' gaps " + rejected;
+      if (!ok) detail += "; the model checks ran on the widest draw";
+    }
+    add("model.routing_margin", detail, ok ? 0.0 : 1.0, kTolDiscrete);
+    return best;
+  }
+
   Status check_model() {
     const int L = cfg_.num_layers;
     std::vector<int> depths = {1, (L + 1) / 2, L};
     depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg_.vocab_size - 1));
     const int64_t total = opts_.model_tokens + opts_.decode_steps;
-    std::vector<int32_t> tokens(static_cast<size_t>(total));
-    for (int32_t& t : tokens) t = tok(rng_);
+    AFF_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens, model_tokens());
     for (int depth : depths) {
       dsv4::ForwardOptions fo;
       fo.max_layers = depth;
