@@ -97,6 +97,7 @@ struct MmaArgs {
   // Non-null: run only when (run_step->pos0 + 1) % run_ratio == 0 (PairOptions).
   const StepInfo* run_step;
   int run_ratio;
+  int64_t grp0;                    // row_begin / rows_per_group (the host divides: 64-bit division is a call here)
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
@@ -137,11 +138,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int S = a.split, part = warp % S, sub = warp / S;
-  const int64_t K = a.w.in, nkb = K / St::kCols, T = a.T;  // a stacked w2 has the same width
+  const int64_t K = a.w.in, T = a.T;  // a stacked w2 has the same width
+  // Index math that divides stays in 32 bits (K / 128 column blocks < 2^16).
+  const int nkb = int(K) / St::kCols;
   const int64_t xrow = K + kPad;  // 16-bit values per staged token row
 
   // This block's group and tile.
-  const int64_t grp = a.row_begin / a.rows_per_group + blockIdx.y;
+  const int64_t grp = a.grp0 + blockIdx.y;
   const int64_t lo = max(a.row_begin, grp * a.rows_per_group);
   int64_t hi = min(a.row_begin + a.n_rows, (grp + 1) * a.rows_per_group);
   int64_t row0 = lo + (int64_t(blockIdx.x) * a.tiles_per_block + sub) * kTile;
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
     }
   }
   const bool active = row0 < hi;  // warp-uniform
-  const int64_t kb_begin = nkb * part / S, kb_end = nkb * (part + 1) / S;
+  const int kb_begin = nkb * part / S, kb_end = nkb * (part + 1) / S;
 
   // Issue the first weight loads before staging x (they do not depend on it).
   const int64_t rg = min(row0 + g, hi - 1), rg8 = min(row0 + g + 8, hi - 1);  // tail rows re-read the last
@@ -166,19 +169,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const uint8_t* wg8 = w.weight + rg8 * row_bytes + c * 16;
   // FP8 block scales travel with the weights: loaded at use, each would cost
   // a full memory latency per column block.
-  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / w.block) * w.scale_cols;
+  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / 128) * w.scale_cols;  // FP8 blocks are 128 (gemv_mma_supports)
   uint4 buf[kDepth][4];
-  uint32_t sraw[kDepth];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
-    const int64_t kb = kb_begin + d;
+    const int kb = kb_begin + d;
     if (active && kb < kb_end) {
       buf[d][0] = ld_stream16(wg + kb * 128);
       buf[d][1] = ld_stream16(wg8 + kb * 128);
       buf[d][2] = ld_stream16(wg + kb * 128 + 64);
       buf[d][3] = ld_stream16(wg8 + kb * 128 + 64);
-      if (!kBf16) sraw[d] = load_scale_raw(w, srow + kb);
     }
+  }
+  // The warp's FP8 block scales, decoded once into its own table: loaded and
+  // decoded per column block they cost a branchy load and decode each, a
+  // fifth of the loop's instructions. (Read after the staging's barrier.)
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);  // [kSplits][T][xrow]
+  float* xinv = reinterpret_cast<float*>(smem + int64_t(St::kSplits) * T * xrow * 2);  // FP8: [T, K / 128]
+  const int nch = int(K) / 128, nall = int(T) * nch;
+  float* wtab = xinv + nall + warp * ((nkb + S - 1) / S);  // FP8: [warps][ceil(nkb / S)]
+  if (!kBf16 && active) {
+    for (int i = lane; i < kb_end - kb_begin; i += 32) wtab[i] = decode_scale(w, load_scale_raw(w, srow + kb_begin + i));
   }
 
   // Launched as a programmatic dependent: everything above read only weights;
@@ -187,7 +198,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   pdl_launch_dependents();
   pdl_wait();
 
-  const float* xg = a.x + (grp - a.row_begin / a.rows_per_group) * a.x_group_stride;
+  const float* xg = a.x + int64_t(blockIdx.y) * a.x_group_stride;
   const int nwarps = blockDim.x >> 5;
   // Folded rmsnorm: every block finds each token's 1 / rms itself (K floats
   // per token from L2; cheaper than a launch of its own).
@@ -204,26 +215,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   }
 
   // Stage x in chunks of 128 columns: FP8 as f16 scaled by 2^e per chunk, BF16 as bf16 splits.
-  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);  // [kSplits][T][xrow]
-  float* xinv = reinterpret_cast<float*>(smem + int64_t(St::kSplits) * T * xrow * 2);  // FP8: [T, K / 128]
-  const int64_t nch = K / 128;
   // Four chunks per warp per round, all loads issued before any is used.
   constexpr int kChunks = 4;
-  for (int64_t ch0 = warp; ch0 < T * nch; ch0 += int64_t(nwarps) * kChunks) {
+  for (int ch0 = warp; ch0 < nall; ch0 += nwarps * kChunks) {
     float v[kChunks][4];
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
-      const int64_t ch = ch0 + int64_t(q) * nwarps;
-      if (ch >= T * nch) break;
-      const float* src = xg + (ch / nch) * a.ldx + (ch % nch) * 128;
+      const int ch = ch0 + q * nwarps;
+      if (ch >= nall) break;
+      const int t = ch / nch;
+      const float* src = xg + t * a.ldx + (ch - t * nch) * 128;
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[q][i] = src[lane + 32 * i];
     }
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
-      const int64_t ch = ch0 + int64_t(q) * nwarps;
-      if (ch >= T * nch) break;
-      const int64_t t = ch / nch, k0 = (ch % nch) * 128;
+      const int ch = ch0 + q * nwarps;
+      if (ch >= nall) break;
+      const int t = ch / nch, cc = ch - t * nch, k0 = cc * 128;
       if (a.x_norm != nullptr) {  // the rmsnorm kernel's arithmetic: weight * (x * inv)
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[q][i] = a.x_norm[k0 + lane + 32 * i] * (v[q][i] * xscale[t]);
@@ -257,7 +266,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
           dst[32 * i] = __half_as_ushort(h);
           if (kExact) dst[plane + 32 * i] = __half_as_ushort(__float2half_rn(sv - __half2float(h)));
         }
-        if (lane == 0) xinv[t * nch + (ch % nch)] = ldexpf(1.0f, e - 14);
+        if (lane == 0) xinv[t * nch + cc] = ldexpf(1.0f, e - 14);
       }
     }
   }
@@ -273,10 +282,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const int64_t plane = T * xrow;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (active) {
-    for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kDepth) {
+    // Refills read kDepth column blocks ahead through running pointers.
+    const uint8_t* pw = wg + (kb_begin + kDepth) * 128;
+    const uint8_t* pw8 = wg8 + (kb_begin + kDepth) * 128;
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kDepth, pw += kDepth * 128, pw8 += kDepth * 128) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int64_t kb = kb0 + d;
+        const int kb = kb0 + d;
         if (kb >= kb_end) break;
         // Independent accumulator chains (step x split): back-to-back MMAs on
         // one accumulator would wait out each other's latency.
@@ -307,8 +319,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               const uint32_t w0 = word(wr, j), w8 = word(wr8, j);
-              const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_to_f16x2(w0 >> 16),
-                                      e4m3x2_to_f16x2(w8 >> 16)};
+              const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_hi_to_f16x2(w0),
+                                      e4m3x2_hi_to_f16x2(w8)};
 #pragma unroll
               for (int sp = 0; sp < kMmaSplits; ++sp) {
                 const uint4& xb = xv[sp][j >> 1];
@@ -317,21 +329,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
             }
           }
         }
-        const float ws = kBf16 ? 1.0f : decode_scale(w, sraw[d]);
+        const float ws = kBf16 ? 1.0f : wtab[kb - kb_begin];
         if (kb + kDepth < kb_end) {
-          buf[d][0] = ld_stream16(wg + (kb + kDepth) * 128);
-          buf[d][1] = ld_stream16(wg8 + (kb + kDepth) * 128);
-          buf[d][2] = ld_stream16(wg + (kb + kDepth) * 128 + 64);
-          buf[d][3] = ld_stream16(wg8 + (kb + kDepth) * 128 + 64);
-          if (!kBf16) sraw[d] = load_scale_raw(w, srow + kb + kDepth);
+          buf[d][0] = ld_stream16(pw + d * 128);
+          buf[d][1] = ld_stream16(pw8 + d * 128);
+          buf[d][2] = ld_stream16(pw + d * 128 + 64);
+          buf[d][3] = ld_stream16(pw8 + d * 128 + 64);
         }
         float cbs[4];
         if constexpr (kPacked) {
           // C columns 2c (hi) and 2c + 1 (lo) of rows g and g + 8: lo first, as below.
 #pragma unroll
           for (int r = 0; r < 4; r += 2) {
-            float sum = 0.0f;
-            sum += cb[0][0][r + 1] + cb[1][0][r + 1];
+            float sum = cb[0][0][r + 1] + cb[1][0][r + 1];
             sum += cb[0][0][r] + cb[1][0][r];
             cbs[r] = cbs[r + 1] = sum;
           }
@@ -391,9 +401,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   }
 }
 
-int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16) {
+// Dynamic shared memory of a launch: staged x, then (FP8) x's chunk scales
+// and each warp's table of weight block scales (warps x ceil(K / 128 / split)).
+int64_t stage_bytes(int64_t T, int64_t K, bool exact, bool bf16, int64_t warps = kMaxWarps, int64_t split = 1) {
   const int splits = bf16 ? (exact ? 3 : 2) : (exact ? 2 : 1);
-  return T * (K + kPad) * 2 * splits + (bf16 ? 0 : T * (K / 128) * 4);
+  return T * (K + kPad) * 2 * splits + (bf16 ? 0 : T * (K / 128) * 4 + warps * ((K / 128 + split - 1) / split) * 4);
 }
 
 using MmaKernel = void (*)(MmaArgs);
@@ -470,15 +482,15 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   const int64_t blocks = (tiles_per_group + rt - 1) / rt;
   // Tokens per launch: as many as the staging allows (more launches re-read the weights).
   int64_t tc = std::min<int64_t>(T, kMaxTok);
-  while (tc > 1 && stage_bytes(tc, w.in, exact, bf16) > kMaxStageBytes) --tc;
-  const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16));
+  while (tc > 1 && stage_bytes(tc, w.in, exact, bf16, split * rt, split) > kMaxStageBytes) --tc;
+  const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16, split * rt, split));
   const int64_t rows1 = pair2 ? w.out : 0;
   if (job.comb != nullptr && groups != 1) return internal_error("gemv_mma: a comb job needs one row group");
   for (int64_t t0 = 0; t0 < T; t0 += tc) {
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps,
-              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio};
+              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio, row_begin / rows_per_group};
     const dim3 grid{unsigned(blocks + (a.job.comb != nullptr ? 1 : 0)), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
     AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));

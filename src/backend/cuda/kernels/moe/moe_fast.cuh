@@ -343,8 +343,8 @@ __device__ __forceinline__ void fp8_step(const uint4& ra, const uint4& rb, const
   const uint32_t wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t a[4] = {e4m3x2_to_f16x2(wa[j]), e4m3x2_to_f16x2(wb[j]), e4m3x2_to_f16x2(wa[j] >> 16),
-                           e4m3x2_to_f16x2(wb[j] >> 16)};
+    const uint32_t a[4] = {e4m3x2_to_f16x2(wa[j]), e4m3x2_to_f16x2(wb[j]), e4m3x2_hi_to_f16x2(wa[j]),
+                           e4m3x2_hi_to_f16x2(wb[j])};
     mma_f16_16816(cb, a, hw[2 * j], hw[2 * j + 1]);
     if constexpr (kExact) mma_f16_16816(cb, a, lw[2 * j], lw[2 * j + 1]);
   }
