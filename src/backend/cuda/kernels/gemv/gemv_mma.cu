@@ -98,7 +98,10 @@ struct MmaArgs {
   const StepInfo* run_step;
   int run_ratio;
   int64_t grp0;                    // row_begin / rows_per_group (the host divides: 64-bit division is a call here)
+  bool x_vec;                      // x, ldx and x_group_stride allow 16-byte loads
 };
+
+__device__ __forceinline__ uint32_t bits(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
@@ -216,6 +219,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
 
   // Stage x in chunks of 128 columns: FP8 as f16 scaled by 2^e per chunk, BF16 as bf16 splits.
   // Four chunks per warp per round, all loads issued before any is used.
+  // Lane l holds a chunk's columns 4l .. 4l + 3: one 16-byte load where x
+  // allows it, and one 8-byte store per staged plane.
   constexpr int kChunks = 4;
   for (int ch0 = warp; ch0 < nall; ch0 += nwarps * kChunks) {
     float v[kChunks][4];
@@ -224,9 +229,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
       const int ch = ch0 + q * nwarps;
       if (ch >= nall) break;
       const int t = ch / nch;
-      const float* src = xg + t * a.ldx + (ch - t * nch) * 128;
+      const float* src = xg + t * a.ldx + (ch - t * nch) * 128 + 4 * lane;
+      if (a.x_vec) {
+        const float4 f = *reinterpret_cast<const float4*>(src);
+        v[q][0] = f.x, v[q][1] = f.y, v[q][2] = f.z, v[q][3] = f.w;
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[q][i] = src[lane + 32 * i];
+        for (int i = 0; i < 4; ++i) v[q][i] = src[i];
+      }
     }
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
@@ -235,9 +245,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
       const int t = ch / nch, cc = ch - t * nch, k0 = cc * 128;
       if (a.x_norm != nullptr) {  // the rmsnorm kernel's arithmetic: weight * (x * inv)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[q][i] = a.x_norm[k0 + lane + 32 * i] * (v[q][i] * xscale[t]);
+        for (int i = 0; i < 4; ++i) v[q][i] = a.x_norm[k0 + 4 * lane + i] * (v[q][i] * xscale[t]);
       }
-      uint16_t* dst = xs + t * xrow + k0 + lane;
+      uint16_t* dst = xs + t * xrow + k0 + 4 * lane;  // 8-byte aligned: rows of xrow keep 16
       const int64_t plane = T * xrow;
       if constexpr (kBf16) {
 #pragma unroll
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
 #pragma unroll
           for (int sp = 0; sp < St::kSplits; ++sp) {
             const __nv_bfloat16 b = __float2bfloat16_rn(r);
-            dst[sp * plane + 32 * i] = __bfloat16_as_ushort(b);
+            dst[sp * plane + i] = __bfloat16_as_ushort(b);
             r -= __bfloat162float(b);
           }
         }
@@ -259,12 +269,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
         if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
         e = max(e, -100);  // keeps 2^(14 - e) finite; chunks below 2^-100 round to zero
         const float up = ldexpf(1.0f, 14 - e);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float sv = v[q][i] * up;
-          const __half h = __float2half_rn(sv);
-          dst[32 * i] = __half_as_ushort(h);
-          if (kExact) dst[plane + 32 * i] = __half_as_ushort(__float2half_rn(sv - __half2float(h)));
+        // Pairwise conversions round each value as __float2half_rn would.
+        const float2 s01 = make_float2(v[q][0] * up, v[q][1] * up), s23 = make_float2(v[q][2] * up, v[q][3] * up);
+        const __half2 h01 = __float22half2_rn(s01), h23 = __float22half2_rn(s23);
+        *reinterpret_cast<uint2*>(dst) = make_uint2(bits(h01), bits(h23));
+        if (kExact) {
+          const float2 r01 = __half22float2(h01), r23 = __half22float2(h23);
+          const __half2 l01 = __float22half2_rn(make_float2(s01.x - r01.x, s01.y - r01.y));
+          const __half2 l23 = __float22half2_rn(make_float2(s23.x - r23.x, s23.y - r23.y));
+          *reinterpret_cast<uint2*>(dst + plane) = make_uint2(bits(l01), bits(l23));
         }
         if (lane == 0) xinv[t * nch + cc] = ldexpf(1.0f, e - 14);
       }
@@ -485,12 +498,13 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   while (tc > 1 && stage_bytes(tc, w.in, exact, bf16, split * rt, split) > kMaxStageBytes) --tc;
   const size_t smem = size_t(stage_bytes(tc, w.in, exact, bf16, split * rt, split));
   const int64_t rows1 = pair2 ? w.out : 0;
+  const bool x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && x_group_stride % 4 == 0;
   if (job.comb != nullptr && groups != 1) return internal_error("gemv_mma: a comb job needs one row group");
   for (int64_t t0 = 0; t0 < T; t0 += tc) {
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps,
-              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio, row_begin / rows_per_group};
+              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio, row_begin / rows_per_group, x_vec};
     const dim3 grid{unsigned(blocks + (a.job.comb != nullptr ? 1 : 0)), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
     AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
