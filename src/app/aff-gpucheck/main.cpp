@@ -3,6 +3,7 @@
 // weights, prints the worst relative error per op, and exits non-zero when
 // any op is outside its tolerance (or the GPU path cannot run).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,13 +23,17 @@ namespace {
 void usage() {
   std::fprintf(stderr,
                "usage: aff-gpucheck -m MODEL [--seed N] [--tokens N] [--model-tokens N] [--decode-steps N]\n"
-               "                    [--experts N] [--verbose]\n"
+               "                    [--experts N] [--routing-margin X] [--routing-attempts N] [--verbose]\n"
                "  -m MODEL          checkpoint directory (or .gguf file) to check\n"
                "  --seed N          random inputs seed (default: 1)\n"
                "  --tokens N        rows of each per-op input (default: 7)\n"
                "  --model-tokens N  whole-model prefill length (default: 37)\n"
                "  --decode-steps N  whole-model decode steps (default: 3)\n"
                "  --experts N       routed experts per layer checked as linears (default: 2)\n"
+               "  --routing-margin X  smallest top-k routing gap the whole-model tokens must have on the\n"
+               "                    CPU reference, else they are redrawn (default: 3e-4; 0 takes the first draw)\n"
+               "  --routing-attempts N  draws tried for that margin, each one CPU forward (default: 32;\n"
+               "                    large models rarely clear it and pay for every draw: try 1-4)\n"
                "  --verbose         print every check, not only the worst per op\n");
 }
 
@@ -59,6 +64,16 @@ int main(int argc, char** argv) {
       }
       return n;
     };
+    auto real = [&](const char* name) -> double {
+      const char* v = value(name);
+      char* end = nullptr;
+      const double x = std::strtod(v, &end);
+      if (!end || *end || !(x >= 0.0) || !std::isfinite(x)) {
+        std::fprintf(stderr, "aff-gpucheck: %s expects a non-negative number, got '%s'\n", name, v);
+        std::exit(2);
+      }
+      return x;
+    };
     if (a == "-m" || a == "--model") {
       model_path = value("-m");
     } else if (a == "--verbose" || a == "-v") {
@@ -77,10 +92,16 @@ int main(int argc, char** argv) {
       opts.decode_steps = int(number("--decode-steps"));
     } else if (a == "--experts") {
       opts.experts_per_layer = int(number("--experts"));
+    } else if (a == "--routing-attempts") {
+      opts.routing_attempts = int(std::max(1LL, number("--routing-attempts")));
+    } else if (a == "--routing-margin") {
+      opts.routing_margin = real("--routing-margin");
 #else
     } else if (a == "--seed" || a == "--tokens" || a == "--model-tokens" || a == "--decode-steps" ||
-               a == "--experts") {
+               a == "--experts" || a == "--routing-attempts") {
       (void)number(a.c_str());
+    } else if (a == "--routing-margin") {
+      (void)real(a.c_str());
 #endif
     } else {
       std::fprintf(stderr, "aff-gpucheck: unknown argument '%s'\n", a.c_str());
