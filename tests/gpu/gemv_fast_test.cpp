@@ -33,7 +33,9 @@ constexpr double kGgmlMaxRelRms = 2e-2;  // see gemv_ggml_test.cpp
 constexpr size_t kGgmlMinOutputs = 64;
 
 // x as the ggml kernels see it: per 32 elements scale = amax / 127 and codes
-// rint(x * 127 / amax), in the kernel's f32 operations (act_q8_stage).
+// rint(x * 127 / amax), in the kernel's f32 operations (act_q8_stage). Not the
+// CPU lane's quantize_act: it multiplies by 1 / (amax / 127), which can round
+// a code the other way.
 std::vector<float> quantised_per32(const float* x, int64_t n) {
   std::vector<float> q(static_cast<size_t>(n));
   for (int64_t g = 0; g < n; g += 32) {

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "backend/cuda/cuda_forward.h"
 #include "backend/cuda/cuda_layers.h"
@@ -319,12 +320,6 @@ class Checker {
     return Status::ok();
   }
 
-  static std::string sci(double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3e", v);
-    return b;
-  }
-
   // Tokens for the whole-model checks (prefill, then the decode steps' tokens)
   // whose learned routing clears opts_.routing_margin on the CPU reference (see
   // OpCheckOptions), reported as "model.routing_margin". Attempt 0 continues
@@ -345,20 +340,19 @@ class Checker {
       AFF_ASSIGN_OR_RETURN(dsv4::RoutingMargin m, dsv4::routing_margin(model_, tokens, opts_.model_tokens));
       if (best_attempt < 0 || m.gap > best_m.gap) best = tokens, best_m = m, best_attempt = a;
       if (m.gap >= opts_.routing_margin) break;
-      rejected += (rejected.empty() ? "" : ", ") + sci(m.gap);
+      rejected += fmt::format("{}{:.3e}", rejected.empty() ? "" : ", ", m.gap);
     }
     const bool ok = best_m.gap >= opts_.routing_margin;
     std::string detail;
     if (best_m.decisions == 0) {
       detail = "no learned-router layer";
     } else {
-      detail = std::string(ok ? "attempt " + std::to_string(best_attempt) + " (of up to " + std::to_string(attempts) + ")"
-                              : "no draw of " + std::to_string(attempts) + " clears " + sci(opts_.routing_margin) +
-                                    "; widest: attempt " + std::to_string(best_attempt)) +
-               ", min gap " + sci(best_m.gap) + " at layer " + std::to_string(best_m.layer) + " position " +
-               std::to_string(best_m.position) + " (k-th selected expert " + std::to_string(best_m.last_selected) +
-               " vs runner-up " + std::to_string(best_m.runner_up) + ", " + std::to_string(best_m.decisions) +
-               " decisions)";
+      detail = ok ? fmt::format("attempt {} (of up to {})", best_attempt, attempts)
+                  : fmt::format("no draw of {} clears {:.3e}; widest: attempt {}", attempts, opts_.routing_margin,
+                                best_attempt);
+      detail += fmt::format(", min gap {:.3e} at layer {} position {} (k-th selected expert {} vs runner-up {}, {} decisions)",
+                            best_m.gap, best_m.layer, best_m.position, best_m.last_selected, best_m.runner_up,
+                            best_m.decisions);
       if (!rejected.empty()) detail += "; rejected draws' gaps " + rejected;
       if (!ok) detail += "; the model checks ran on the widest draw";
     }
