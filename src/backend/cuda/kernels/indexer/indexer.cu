@@ -15,13 +15,18 @@
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/env_switch.h"
 #include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kKeyTile = 128;
+// Keys per block: 128 amortise each query's staging over many keys (prefill);
+// a decode step (one query group) takes 32, so 4x the blocks share its keys
+// and each block's serial MMA chain is a quarter as long.
+constexpr int kKeyTileLong = 128;
+constexpr int kKeyTileShort = 32;
 constexpr int kQueries = 16;  // queries per block: each key tile is converted once for them
 constexpr int kHeads = 64;    // head rows (MMA M), zero-padded
 constexpr int kMaxHd = 128;
@@ -46,7 +51,7 @@ __device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
         make_uint2(uint32_t(l[0]) | uint32_t(l[1]) << 16, uint32_t(l[2]) | uint32_t(l[3]) << 16);
 }
 
-template <bool kSplit>
+template <bool kSplit, int kKeyTile>
 struct ScoreLayout {
   static constexpr int kParts = kSplit ? 2 : 1;
   static constexpr size_t k = 0;                                      // u16 [parts][kKeyTile][kLd]
@@ -56,10 +61,11 @@ struct ScoreLayout {
   static constexpr size_t bytes = red + 4 * kKeyTile * 4;
 };
 
-template <bool kSplit>
+template <bool kSplit, int kKeyTile>
 __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScoreArgs a) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
-  using L = ScoreLayout<kSplit>;
+  using L = ScoreLayout<kSplit, kKeyTile>;
+  constexpr int kNj = kKeyTile / 16;  // 8-key n-tiles of a warp (its half of the tile)
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
   }
   const int k_steps = (a.hd + 15) / 16;
-  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [64 kh, +64)
+  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [kKeyTile / 2 kh, + kKeyTile / 2)
 
   for (int64_t t = t0; t < t_end; ++t) {
     const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
@@ -138,28 +144,28 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     if (threadIdx.x < kHeads) w_s[threadIdx.x] = wv;
     __syncthreads();
 
-    float acc[8][4];
+    float acc[kNj][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int j = 0; j < kNj; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     for (int ks = 0; ks < k_steps; ++ks) {
       uint32_t ah[4], al[4];
       load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
       if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNj; ++j) {
         uint32_t b0, b1;
-        load_b_frag_nk(b0, b1, k_s, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+        load_b_frag_nk(b0, b1, k_s, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
         mma_bf16_16816(acc[j], ah, b0, b1);
         if (kSplit) {
           mma_bf16_16816(acc[j], al, b0, b1);
-          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, 64 * kh + 8 * j, 16 * ks, lane);
+          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
           mma_bf16_16816(acc[j], ah, b0, b1);
         }
       }
     }
     const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kNj; ++j) {
       float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
       float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
 #pragma unroll
@@ -168,8 +174,8 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
         s1 += __shfl_xor_sync(0xffffffffu, s1, o);
       }
       if (g == 0) {
-        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c] = s0;
-        red[mi * kKeyTile + 64 * kh + 8 * j + 2 * c + 1] = s1;
+        red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c] = s0;
+        red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c + 1] = s1;
       }
     }
     __syncthreads();
@@ -328,10 +334,14 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
 // entry (an eager prefill), never inside a captured decode step.
 cudaError_t allow_smem_all() {
   const cudaError_t errs[] = {
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<true>::bytes)),
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<false>::bytes)),
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<true, kKeyTileLong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<true, kKeyTileLong>::bytes)),
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<false, kKeyTileLong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<false, kKeyTileLong>::bytes)),
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<true, kKeyTileShort>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<true, kKeyTileShort>::bytes)),
+      cudaFuncSetAttribute(indexer_scores_mma_sm90<false, kKeyTileShort>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(ScoreLayout<false, kKeyTileShort>::bytes)),
       cudaFuncSetAttribute(indexer_topk_f32_sm90<1024, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(kMaxStagedBytes)),
       cudaFuncSetAttribute(indexer_topk_f32_sm90<256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -347,13 +357,21 @@ Status smem_ready() {
   return cuda_status(e, "indexer: shared memory limits");
 }
 
-template <bool kSplit>
-Status launch_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
-  using L = ScoreLayout<kSplit>;
+template <bool kSplit, int kKeyTile>
+Status launch_scores_tiled(const IndexerScoreArgs& a, cudaStream_t stream) {
+  using L = ScoreLayout<kSplit, kKeyTile>;
   AFF_RETURN_IF_ERROR(smem_ready());
   const dim3 grid(unsigned((a.capacity + kKeyTile - 1) / kKeyTile), unsigned((a.T + kQueries - 1) / kQueries));
-  const cudaError_t e = launch_pdl(indexer_scores_mma_sm90<kSplit>, dim3(grid), dim3(kThreads), L::bytes, stream, a);
+  const cudaError_t e =
+      launch_pdl(indexer_scores_mma_sm90<kSplit, kKeyTile>, dim3(grid), dim3(kThreads), L::bytes, stream, a);
   return cuda_status(e, "indexer_scores_mma_sm90");
+}
+
+template <bool kSplit>
+Status launch_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
+  static const bool short_tiles = env_switch_on("AFF_CUDA_ISCORE_SHORT");
+  return a.T <= kQueries && short_tiles ? launch_scores_tiled<kSplit, kKeyTileShort>(a, stream)
+                                        : launch_scores_tiled<kSplit, kKeyTileLong>(a, stream);
 }
 
 }  // namespace
