@@ -133,6 +133,30 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// One step of warp_sum_each: the lane keeps the half of v[0, 2 O) its lane
+// bit O selects, and adds its partner's copy of that half.
+template <int O>
+__device__ __forceinline__ void warp_sum_halve(float (&v)[32], int lane) {
+  const bool upper = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float keep = upper ? v[i + O] : v[i], send = upper ? v[i] : v[i + O];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
+// 32 values summed over the warp at once: lane l returns the sum of v[l]
+// over the lanes (31 shuffles, against 5 per value for warp_sum).
+__device__ __forceinline__ float warp_sum_each(float (&v)[32]) {
+  const int lane = threadIdx.x & 31;
+  warp_sum_halve<16>(v, lane);
+  warp_sum_halve<8>(v, lane);
+  warp_sum_halve<4>(v, lane);
+  warp_sum_halve<2>(v, lane);
+  warp_sum_halve<1>(v, lane);
+  return v[0];
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

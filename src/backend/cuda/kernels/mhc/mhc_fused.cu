@@ -230,10 +230,21 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
 #pragma unroll
       for (int k = j; k < HC; ++k) vals[g++] = v[j] * v[k];
   }
+  {
+    // The first 32 values in one butterfly (31 shuffles instead of 5 per
+    // value): lane l ends with the warp's sum of value l. Any others by
+    // warp_sum.
+    const int lane = threadIdx.x & 31;
+    float v32[32];
 #pragma unroll
-  for (int i = 0; i < kVals; ++i) {
-    const float w = warp_sum(vals[i]);
-    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5][i] = w;
+    for (int i = 0; i < 32; ++i) v32[i] = i < kVals ? vals[i] : 0.0f;
+    const float mine = warp_sum_each(v32);
+    if (lane < kVals) wsum[threadIdx.x >> 5][lane] = mine;
+#pragma unroll
+    for (int i = 32; i < kVals; ++i) {
+      const float w = warp_sum(vals[i]);
+      if (lane == 0) wsum[threadIdx.x >> 5][i] = w;
+    }
   }
   __syncthreads();
   float* part = a.partials + (t * nb + blockIdx.x) * kVals;
