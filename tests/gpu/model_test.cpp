@@ -51,6 +51,7 @@ struct RandomCase {
   int hash_layers;
   const char* expert_dtype;
   bool aligned = false;  // widths the decode fast paths take (see aligned_widths)
+  int head_dim = 0;      // set: this head_dim (512: one-token attention launches finish q and kv themselves)
 };
 
 // Widths in multiples of 128 with 128 x 128 FP8 blocks, as V4-Flash has, so
@@ -82,6 +83,7 @@ TEST_P(RandomModelTest, EveryOpLayerAndModelMatchesCpu) {
   dsv4::ModelConfig cfg = dsv4::testing::tiny_config(c.ratios, c.hash_layers);
   cfg.expert_dtype = c.expert_dtype;
   if (c.aligned) aligned_widths(cfg);
+  if (c.head_dim > 0) cfg.head_dim = c.head_dim;
   auto model = dsv4::testing::random_model(cfg, seed);
   ASSERT_TRUE(model);
   auto dev = upload_model(*model);
@@ -101,7 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RandomCase{"swa_csa_hca8_csa", {0, 4, 8, 4}, 1, "fp4"},
                       RandomCase{"hca16_swa_fp8experts", {16, 0}, 0, "fp8"},
                       RandomCase{"csa_only_hash", {4, 4}, 2, "fp4"},
-                      RandomCase{"aligned_csa_hca_swa", {4, 128, 0}, 0, "fp4", true}),
+                      RandomCase{"aligned_csa_hca_swa", {4, 128, 0}, 0, "fp4", true},
+                      RandomCase{"aligned_dh512_csa_hca_swa", {4, 128, 0}, 0, "fp4", true, 512}),
     [](const auto& info) { return std::string(info.param.name); });
 
 fs::path golden_root() { return fs::path(AFFINITY_TEST_DATA) / "golden"; }
