@@ -15,7 +15,6 @@
 #include "backend/cuda/check/op_check.h"
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
-#include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/ref/rope.h"
 #include "gpu_test_util.h"
@@ -149,71 +148,6 @@ TEST(AttentionMma, DecodeMatchesReference) {
   AttnCase fast = cases[3];
   fast.name = "decode csa 513, bf16", fast.precision = MmaPrecision::kBf16;
   run_attention_case(fast, rng);
-}
-
-// The finishing form (AttentionArgs::finish_freq): a one-token launch given
-// the raw projections must match qkv_finish followed by the plain launch, and
-// write the finished KV row; CSA-style selected entries with key splits.
-TEST(AttentionMma, DecodeFinishesQkvLikeQkvFinish) {
-  AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const int64_t H = 64, Dh = 512, W = 128, cap = 700, sel_ld = 600, pos0 = 1000;
-  const int rd = 64, n_sel = 513;
-  const std::vector<float> q = randn(size_t(H * Dh), rng, 3.0f), kv = randn(size_t(Dh), rng, 2.0f),
-                           ring = randn(size_t(W * Dh), rng), entries = randn(size_t(cap * Dh), rng),
-                           sinks = randn(size_t(H), rng), kv_w = randn(size_t(Dh), rng, 0.5f);
-  std::vector<int32_t> sel(static_cast<size_t>(sel_ld), 0), count{n_sel};
-  std::uniform_int_distribution<int64_t> id(0, cap - 1);
-  for (int i = 0; i < n_sel; ++i) sel[size_t(i)] = int32_t(id(rng));
-  const std::vector<float> freq = ref::rope_inv_freq(160000.0, rd, nullptr);
-  auto dq_raw = upload_vector(q, "q"), dkv_raw = upload_vector(kv, "kv"), dq_fin = upload_vector(q, "q2"),
-       dkv_fin = upload_vector(kv, "kv2"), dring = upload_vector(ring, "ring"), dent = upload_vector(entries, "entries"),
-       dsink = upload_vector(sinks, "sinks"), dkvw = upload_vector(kv_w, "kv_norm"), dfreq = upload_vector(freq, "freq");
-  auto dsel = upload_vector(sel, "sel"), dcnt = upload_vector(count, "count");
-  auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{pos0, 1}}, "step");
-  auto dout_ref = DeviceBuffer::allocate(size_t(H * Dh) * 4, "out"), dout = DeviceBuffer::allocate(size_t(H * Dh) * 4, "out2");
-  auto dkv_out = DeviceBuffer::allocate(size_t(Dh) * 4, "kv_out");
-  const int64_t scratch_floats = H * (Dh + 2) * 64;
-  auto dscratch = DeviceBuffer::allocate(size_t(scratch_floats) * 4, "scratch");
-  ASSERT_TRUE(dq_raw.is_ok() && dkv_raw.is_ok() && dq_fin.is_ok() && dkv_fin.is_ok() && dring.is_ok() && dent.is_ok() &&
-              dsink.is_ok() && dkvw.is_ok() && dfreq.is_ok() && dsel.is_ok() && dcnt.is_ok() && dstep.is_ok() &&
-              dout_ref.is_ok() && dout.is_ok() && dkv_out.is_ok() && dscratch.is_ok());
-  const float eps = 1e-6f;
-  // Reference: qkv_finish on copies, then the plain launch.
-  QkvFinishArgs f;
-  f.parts[0] = QkvPart{dq_fin->as<float>(), int(H), int(Dh), true, nullptr, dfreq->as<float>()};
-  f.parts[1] = QkvPart{dkv_fin->as<float>(), 1, int(Dh), true, dkvw->as<float>(), dfreq->as<float>()};
-  f.n_parts = 2, f.step = dstep->as<StepInfo>(), f.T = 1, f.rope_dim = rd, f.eps = eps;
-  ASSERT_TRUE(qkv_finish(f, nullptr).is_ok());
-  AttentionArgs a;
-  a.step = dstep->as<StepInfo>(), a.ring = dring->as<float>(), a.entries = dent->as<float>(), a.entry_capacity = cap;
-  a.ratio = 4, a.mode = AttnEntries::kSelected, a.sel = dsel->as<int32_t>(), a.sel_count = dcnt->as<int32_t>();
-  a.sel_ld = int(sel_ld), a.sinks = dsink->as<float>(), a.T = 1, a.H = int(H), a.Dh = int(Dh), a.W = int(W);
-  a.scale = 1.0f / std::sqrt(float(Dh)), a.scratch = dscratch->as<float>(), a.scratch_floats = scratch_floats;
-  a.rope_dim = rd;
-  AttentionArgs plain = a;
-  plain.q = dq_fin->as<float>(), plain.kv = dkv_fin->as<float>(), plain.out = dout_ref->as<float>();
-  ASSERT_TRUE(attention_sparse(plain, nullptr).is_ok());
-  AttentionArgs fin = a;
-  fin.q = dq_raw->as<float>(), fin.kv = dkv_raw->as<float>(), fin.out = dout->as<float>();
-  fin.finish_freq = dfreq->as<float>(), fin.kv_norm = dkvw->as<float>(), fin.norm_eps = eps;
-  fin.kv_out = dkv_out->as<float>();
-  ASSERT_TRUE(attention_can_finish_qkv(fin));
-  EXPECT_GT(attention_splits(fin), 1);
-  ASSERT_TRUE(attention_sparse(fin, nullptr).is_ok());
-  auto want = download_vector(dout_ref->as<float>(), size_t(H * Dh), "out");
-  auto got = download_vector(dout->as<float>(), size_t(H * Dh), "out2");
-  auto kv_want = download_vector(dkv_fin->as<float>(), size_t(Dh), "kv");
-  auto kv_got = download_vector(dkv_out->as<float>(), size_t(Dh), "kv_out");
-  ASSERT_TRUE(want.is_ok() && got.is_ok() && kv_want.is_ok() && kv_got.is_ok());
-  const double err = rel_rms(got->data(), want->data(), want->size());
-  const double kv_err = rel_rms(kv_got->data(), kv_want->data(), kv_want->size());
-  std::printf("[attention] finishing form vs qkv_finish + plain: out rel rms %.2e, kv %.2e\n", err, kv_err);
-  // Only the norms' summation order differs (a few ulps of the scales).
-  EXPECT_LE(err, 1e-5);
-  EXPECT_LE(kv_err, 1e-6);
 }
 
 TEST(AttentionMma, PrefillMatchesReference) {

@@ -51,7 +51,7 @@ struct RandomCase {
   int hash_layers;
   const char* expert_dtype;
   bool aligned = false;  // widths the decode fast paths take (see aligned_widths)
-  int head_dim = 0;      // set: this head_dim (512: one-token attention launches finish q and kv themselves)
+  int head_dim = 0;      // set: this head_dim (512: V4's, the attention's widest tiles at decode)
 };
 
 // Widths in multiples of 128 with 128 x 128 FP8 blocks, as V4-Flash has, so

@@ -38,9 +38,6 @@ struct Switches {
   bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // compressor projections once per 4 tokens
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
-  // A one-token step's attention launch finishes q and kv itself (no
-  // qkv_finish launch): 0 never, 1 every layer, 2 layers without an indexer.
-  int qkv_fold = env_int("AFF_CUDA_QKV_FOLD", 1, 0, 2);
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -467,16 +464,9 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
     prof_mark(s, "attn.wkv");
   }
-  // A one-token step leaves the per-head query norm, the KV norm and their
-  // RoPE to the attention launch, which stages q and kv anyway
-  // (AttentionArgs::finish_freq): one launch fewer before the attention.
-  const int fold_mode = switches().qkv_fold;
-  const bool fold_qkv = T == 1 && fold_mode != 0 && (fold_mode == 1 || !w.indexer.present) && Dh == 512 &&
-                        rd % 4 == 0 && rd <= 128 && !ablated("qkv");
-  const float* rope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
-  if (!fold_qkv) {  // per-head query norm, KV norm, and RoPE on both, in one launch
+  {  // per-head query norm, KV norm, and RoPE on both, in one launch
     QkvFinishArgs f;
-    const float* freq = rope_freq;
+    const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
     f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
@@ -512,17 +502,12 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // angle (in the key-split merge where there is one).
   a.unrope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   a.rope_dim = rd;
-  float* kv_done = kv;  // the finished KV row, for the window ring
-  if (fold_qkv) {
-    a.finish_freq = rope_freq, a.kv_norm = w.kv_norm, a.norm_eps = eps;
-    a.kv_out = kv_done = ws.kv_fin.as<float>();
-  }
   if (!ablated("attn")) AFF_RETURN_IF_ERROR(attention_sparse(a, s));
   prof_mark(s, "attn.core+unrope");
 
   // The ring keeps the newest W positions for later chunks (after attention read the old ones).
   RingStoreArgs rs;
-  rs.src = kv_done, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.step = st.step.as<StepInfo>();
+  rs.src = kv, rs.ring = ls.window.as<float>(), rs.capacity = c.sliding_window, rs.step = st.step.as<StepInfo>();
   rs.T = T;
   rs.width = Dh;
   // Nothing after it in this layer reads the ring: at decode sizes it runs on

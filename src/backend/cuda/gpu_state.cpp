@@ -310,7 +310,6 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.kv, T * Dh, 4, "workspace"));
-  AFF_RETURN_IF_ERROR(alloc(w.kv_fin, Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.u, T * int64_t(c.o_groups) * c.o_lora_rank, 4, "workspace"));
   // A decode step that completes a deferral unit projects its rows at once (compressor_run).
   const int64_t comp_rows = std::max<int64_t>(T, kCompressorDeferRows);

@@ -89,7 +89,6 @@ struct Workspace {
   DeviceBuffer qr;                      // [T, q_lora_rank]
   DeviceBuffer q, o;                    // [T, H, Dh]
   DeviceBuffer kv;                      // [T, Dh]
-  DeviceBuffer kv_fin;                  // [Dh] a one-token step's finished KV row (AttentionArgs::kv_out)
   DeviceBuffer u;                       // [T, o_groups * o_lora_rank]
   DeviceBuffer comp_kv, comp_gate;      // [T, 2 * max(Dh, index_head_dim)]
   DeviceBuffer icomp_kv, icomp_gate;    // [T, 2 * index_head_dim] the indexer's compressor (runs beside comp_*)

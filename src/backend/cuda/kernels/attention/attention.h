@@ -59,21 +59,7 @@ struct AttentionArgs {
   // The key-split merge does it as it writes; otherwise rope_f32 runs.
   const float* unrope_freq = nullptr;
   int rope_dim = 0;
-  // Set (one query, Dh 512, rope_dim a multiple of 4): q and the query's own
-  // KV row arrive as projected, and the launch finishes them as it stages
-  // them, with qkv_finish's arithmetic: each query head RMS-normalised (no
-  // weight), the KV row RMS-normalised with kv_norm, both rotated on their
-  // trailing rope_dim dims at the query's position with these frequencies.
-  // Every block finishes what it reads; block (0, 0, 0) also writes the
-  // finished KV row to kv_out (for the window ring).
-  const float* finish_freq = nullptr;  // [rope_dim / 2]
-  const float* kv_norm = nullptr;      // [Dh]
-  float norm_eps = 1e-6f;
-  float* kv_out = nullptr;             // [Dh]
 };
-
-// Whether attention_sparse can finish q and kv itself (AttentionArgs::finish_freq).
-bool attention_can_finish_qkv(const AttentionArgs& a);
 
 // out[t, h] = sum_i softmax_i(q . k_i * scale; sink) k_i, with the sink in the
 // denominator only. Dh <= 512, Dh % 8 == 0; any H (in groups of 64).

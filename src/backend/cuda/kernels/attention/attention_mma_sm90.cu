@@ -18,7 +18,6 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
-#include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/device_info.h"
@@ -36,7 +35,6 @@ constexpr int kPLd = kKeys + kPad;
 constexpr int kMaxDh = 512;
 constexpr int kMergeThreads = 128;
 constexpr int64_t kMaxSplits = 64;  // the merge reads every split's partials
-constexpr int kMaxFinishRope = 128;  // rope_dim the finishing form takes (its table's size)
 
 // Shared-memory layout for head_dim padded to 64 * NT and 16 * MT head rows;
 // kParts = 2 holds hi and lo; KS score buffers (partial sums over halves of
@@ -115,76 +113,6 @@ __device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits,
   return a.scratch + a.T * splits * a.H * a.Dh + ((t * splits + s) * a.H + h) * 2;
 }
 
-// The finishing form's staging (256 threads; one query, 16 head rows of 512,
-// row r of the block = head h0 + r): loads q's 16 rows and the query's KV row
-// together, then per row the RMS norm (the KV row with its weight) and RoPE of
-// the trailing rope_dim dims, as qkv_finish computes them; q goes to q_s as
-// bf16 (hi + lo when kSplit), the KV row to kv_fin (and block (0,0,0) writes
-// it to a.kv_out). Thread tid holds dims [4 (tid % 128), +4) of rows
-// tid / 128 + 2i, i < 8: warps 0-3 cover even rows, 4-7 odd ones.
-template <bool kSplit, int LD>
-__device__ __forceinline__ void stage_finished_q(const AttentionArgs& a, int64_t pos, int64_t t, int h0, int n_heads,
-                                                 uint16_t* q_hi, uint16_t* q_lo, float* kv_fin) {
-  constexpr int kRowsQ = 16, kDh = 512;
-  __shared__ float red_q[8][8];  // [warp][i]
-  __shared__ float red_kv[4];
-  __shared__ float scale_q[kRowsQ];
-  __shared__ __align__(16) float2 tab[kMaxFinishRope / 2];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int d = 4 * (tid & 127), half = tid >> 7;
-  float4 v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = half + 2 * i;
-    v[i] = r < n_heads ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.H + h0 + r) * kDh + d)))
-                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  const float4 kv = half == 0 ? __ldg(reinterpret_cast<const float4*>(a.kv + t * kDh + d))
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  rope_table_fill(tab, pos, a.finish_freq, a.rope_dim / 2, tid, blockDim.x);
-  auto sq4 = [](float4 x) { return fmaf(x.w, x.w, fmaf(x.z, x.z, fmaf(x.y, x.y, x.x * x.x))); };
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float ss = warp_sum(sq4(v[i]));
-    if (lane == 0) red_q[warp][i] = ss;
-  }
-  {
-    const float ss = warp_sum(sq4(kv));
-    if (lane == 0 && half == 0) red_kv[warp] = ss;
-  }
-  __syncthreads();
-  if (tid < kRowsQ) {  // row r: warps 4 (r & 1) .. + 3 at i = r / 2, added in warp order
-    const int w0 = 4 * (tid & 1), i = tid >> 1;
-    scale_q[tid] = rms_inv(((red_q[w0][i] + red_q[w0 + 1][i]) + red_q[w0 + 2][i]) + red_q[w0 + 3][i], float(kDh),
-                           a.norm_eps);
-  }
-  __syncthreads();
-  const int off = kDh - a.rope_dim;
-  const bool rot = d >= off;
-  const float4 cs = rot ? reinterpret_cast<const float4*>(tab)[(d - off) / 4] : make_float4(1.0f, 0.0f, 1.0f, 0.0f);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = half + 2 * i;
-    const float sc = scale_q[r];
-    float4 n = make_float4(v[i].x * sc, v[i].y * sc, v[i].z * sc, v[i].w * sc);
-    if (rot) n = rope_rotate4(n, cs);
-    store4<kSplit>(q_hi + r * LD + d, q_lo + r * LD + d, n);
-  }
-  if (half == 0) {
-    const float sc = rms_inv(((red_kv[0] + red_kv[1]) + red_kv[2]) + red_kv[3], float(kDh), a.norm_eps);
-    float4 n = make_float4(kv.x * sc, kv.y * sc, kv.z * sc, kv.w * sc);
-    if (a.kv_norm != nullptr) {
-      const float4 w = reinterpret_cast<const float4*>(a.kv_norm)[d / 4];
-      n = make_float4(w.x * n.x, w.y * n.y, w.z * n.z, w.w * n.w);
-    }
-    if (rot) n = rope_rotate4(n, cs);
-    reinterpret_cast<float4*>(kv_fin)[d / 4] = n;
-    if (a.kv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
-      reinterpret_cast<float4*>(a.kv_out)[d / 4] = n;
-  }
-  // (the caller's first barrier orders these stores before any read)
-}
-
 template <int NT, bool kSplit, int MT>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
@@ -210,19 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
   // loads are all issued before any is waited on (decode is latency bound).
   const StepInfo step = *a.step;
   const int64_t sel_n = a.mode == AttnEntries::kSelected ? a.sel_count[t] : 0;
-  // The finishing form (one query, 16 heads of 512): q and this query's KV
-  // row are normalised and rotated here (AttentionArgs::finish_freq).
-  constexpr bool kCanFinish = MT == 1 && DP == 512;
-  const bool finish = kCanFinish && a.finish_freq != nullptr;
-  __shared__ __align__(16) float kv_fin[kCanFinish ? 512 : 4];
-  bool staged = false;
-  if constexpr (kCanFinish) {
-    if (finish) {
-      stage_finished_q<kSplit, LD>(a, step.pos0 + t, t, h0, n_heads, q_s, q_s + kRows * LD, kv_fin);
-      staged = true;
-    }
-  }
-  if (!staged) {  // Q (rows of query t < a.T, valid whatever the step): batched loads
+  {  // Q (rows of query t < a.T, valid whatever the step): batched loads
     constexpr int kIters = kRows * DP / 4 / kThreads, kBatch = batch_of(kIters);
 #pragma unroll
     for (int b = 0; b < kIters; b += kBatch) {
@@ -282,9 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
     for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
       const float* kp = ptrs[r];
-      kreg[i] = kp == nullptr || d >= a.Dh ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                : finish && kp == a.kv       ? reinterpret_cast<const float4*>(kv_fin)[d / 4]
-                                             : __ldg(reinterpret_cast<const float4*>(kp + d));
+      kreg[i] = kp != nullptr && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(kp + d))
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   };
   tile_ptrs(k_begin, key_s);
@@ -579,14 +494,6 @@ Status launch_nt(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream
 
 int attention_splits(const AttentionArgs& a) { return plan_splits(a).splits; }
 
-bool attention_can_finish_qkv(const AttentionArgs& a) {
-  return a.T == 1 && a.Dh == 512 && a.rope_dim >= 0 && a.rope_dim % 4 == 0 && a.rope_dim <= kMaxFinishRope &&
-         a.q != nullptr &&
-         a.kv != nullptr && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.kv) % 16 == 0 &&
-         (a.kv_norm == nullptr || reinterpret_cast<uintptr_t>(a.kv_norm) % 16 == 0) &&
-         (a.kv_out == nullptr || reinterpret_cast<uintptr_t>(a.kv_out) % 16 == 0);
-}
-
 Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   if (a.T == 0) return Status::ok();
   if (a.step == nullptr) return internal_error("attention: no step info");
@@ -598,8 +505,6 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
     return internal_error("attention: compressed entries missing");
   if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
     return internal_error("attention: selected entries missing");
-  if (a.finish_freq != nullptr && !attention_can_finish_qkv(a))
-    return internal_error("attention: q and kv can be finished in the launch only for one query of head_dim 512");
   static const cudaError_t smem_ok = allow_smem_all();
   AFF_CUDA_RETURN_IF_ERROR(smem_ok);
   const SplitPlan p = plan_splits(a);
