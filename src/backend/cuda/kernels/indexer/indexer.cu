@@ -1,7 +1,8 @@
-// indexer_scores_mma_sm90: block = (128 keys, group of 16 queries), 8 warps.
+// indexer_scores_mma_sm90: block = (key tile, group of 16 queries), 8 warps;
+// the tile is 128 keys, or 32 when the chunk is one query group (decode).
 // The key tile is converted to bf16 (hi + lo in kBf16x3) once; per query the
-// 64 heads x 128 keys dot products run on tensor cores (warp = 16 heads x 64
-// keys), then ReLU, the head weights and the sum over heads are applied to the
+// 64 heads x tile dot products run on tensor cores (warp = 16 heads x half
+// the tile), then ReLU, the head weights and the sum over heads are applied to the
 // accumulators in registers (shuffles over the 8 rows a lane group holds,
 // then the 4 head tiles summed in a fixed order). The same kernel serves
 // decode (one query, the grid spans the key capacity) and prefill.
@@ -66,6 +67,8 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   using L = ScoreLayout<kSplit, kKeyTile>;
   constexpr int kNj = kKeyTile / 16;  // 8-key n-tiles of a warp (its half of the tile)
+  static_assert(kKeyTile % 16 == 0 && kKeyTile * kMaxHd / 4 % kThreads == 0 && kKeyTile <= kThreads,
+                "a tile: whole 8-key n-tiles per warp half, whole float4 loads per thread, a thread per key");
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k);
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q);
