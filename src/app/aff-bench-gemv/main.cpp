@@ -261,6 +261,8 @@ int main(int argc, char** argv) {
     bench_floor(fp8, 2048, 4096, "shared w1", x, y, sink);
     bench_floor(fp8, 1024, 4096, "wq_a", x, y, sink);
     bench_floor(fp8, 32768, 4096, "134 MB", x, y, sink);
+    bench_floor(bf16, 129280, 4096, "head", x, y, sink);
+    bench_floor(bf16, 129280, 4096, "head (mma)", x, y, sink, 129280, 0);
     cudaFree(sink);
     return 0;
   }

@@ -79,8 +79,9 @@ Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float
 Status gemv_mma_prepare();
 // Whether the forward pass sends w (rows from row_begin, groups of
 // rows_per_group) to gemv_mma: whenever it is supported, except that BF16
-// weights go there only with AFF_CUDA_BF16_MMA=1 (that form passes the GPU
-// tests but measured no faster than gemv_any on the decode path).
+// weights below 32 MB go there only with AFF_CUDA_BF16_MMA=1 (measured no
+// faster than gemv_any on the decode path; the large ones, the heads, stream
+// faster there).
 bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group);
 // gemv_mma_takes for all of w's rows as one group (a plain projection, as
 // gemv_mma_pair and gemv_mma_normed run it).

@@ -454,7 +454,13 @@ bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_g
     const char* v = std::getenv("AFF_CUDA_BF16_MMA");
     return v && v[0] == '1';
   }();
-  return (w.format != DevFormat::kBF16 || bf16_routed) && gemv_mma_supports(w, row_begin, rows_per_group);
+  // Large BF16 weights (the heads: V4's 1.06 GB, the tiny model's 66 MB)
+  // stream faster here: V4's head 269 vs 312 us (aff-bench-gemv --floors,
+  // docs/BENCHMARKS.md). The small ones (compressor and indexer projections,
+  // <= 4 MB at V4 size) measured no faster than gemv_any in the decode step.
+  constexpr int64_t kBf16MmaMinBytes = int64_t(32) << 20;
+  const bool bf16_large = w.format == DevFormat::kBF16 && w.out * w.in * 2 >= kBf16MmaMinBytes;
+  return (w.format != DevFormat::kBF16 || bf16_routed || bf16_large) && gemv_mma_supports(w, row_begin, rows_per_group);
 }
 
 bool gemv_mma_takes_all(const DeviceLinear& w) { return gemv_mma_takes(w, 0, round_up16(w.out)); }
