@@ -11,6 +11,7 @@
 #include <string>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/kernel_trace.h"
 #include "backend/ref/rope.h"
 
 namespace aff::cuda {
@@ -246,6 +247,7 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   if (max_positions < 1 || max_chunk < 1) return invalid_argument("GPU state: positions and chunk must be >= 1");
   if (options.kv_commit < 0) return invalid_argument("GPU state: kv_commit must be >= 0");
   max_chunk = std::min(max_chunk, max_positions);
+  kernel_trace_from_env();  // AFF_CUDA_TRACE: the timeline of every kernel from here on
   auto st = std::make_unique<GpuState>();
   st->max_positions = max_positions;
   st->max_chunk = max_chunk;
