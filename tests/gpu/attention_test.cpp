@@ -3,7 +3,9 @@
 // on odd shapes with fresh random data: decode with and without key splits,
 // no / one / 513 compressed keys, a window that is not full yet, prefill
 // chunks that straddle the ring and the chunk, head counts that are not a
-// multiple of 16 or exceed one block's 64, and head_dim 64 / 192 / 512.
+// multiple of 16 or exceed one block's 64, and head_dim 64 / 192 / 512; and
+// the decode form that finishes its raw queries itself (q_finish) against
+// qkv_finish followed by the plain form.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "backend/cuda/check/op_check.h"
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
+#include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/ref/rope.h"
 #include "gpu_test_util.h"
@@ -166,6 +169,82 @@ TEST(AttentionMma, PrefillMatchesReference) {
   AttnCase fast = cases[1];
   fast.name = "prefill hca, bf16", fast.precision = MmaPrecision::kBf16;
   run_attention_case(fast, rng);
+}
+
+// q_finish: attention on raw queries, finishing them (per-head RMS norm, RoPE
+// on the tail) as it stages them, against qkv_finish's queries through the
+// plain form. The two differ only in the order of the norm's sums (a few f32
+// roundings), so they agree far inside the attention's own tolerance.
+void run_q_finish_case(const std::string& name, int H, int Dh, int rope_dim, int64_t T, int64_t pos0, AttnEntries mode,
+                       std::mt19937_64& rng) {
+  SCOPED_TRACE(name);
+  const int W = 64, ratio = 4;
+  const int64_t capacity = 300, sel_ld = 256;
+  std::vector<float> q = randn(size_t(T * H * Dh), rng, 3.0f), kv = randn(size_t(T * Dh), rng),
+                     ring = randn(size_t(W * Dh), rng), entries = randn(size_t(capacity * Dh), rng),
+                     sinks = randn(size_t(H), rng), freq(size_t(rope_dim / 2));
+  for (int i = 0; i < rope_dim / 2; ++i) freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(rope_dim));
+  std::vector<int32_t> sel(size_t(T * sel_ld));
+  const std::vector<int32_t> count(size_t(T), int32_t{int32_t(sel_ld)});
+  std::uniform_int_distribution<int32_t> id(0, int32_t(capacity) - 1);
+  for (int32_t& v : sel) v = id(rng);
+  auto dq_raw = upload_vector(q, "q raw"), dq = upload_vector(q, "q"), dkv = upload_vector(kv, "kv"),
+       dring = upload_vector(ring, "ring"), dent = upload_vector(entries, "entries"), dsink = upload_vector(sinks, "sinks"),
+       dfreq = upload_vector(freq, "freq");
+  auto dsel = upload_vector(sel, "sel"), dcnt = upload_vector(count, "count");
+  auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{pos0, T}}, "step");
+  auto dout = DeviceBuffer::allocate(size_t(T * H * Dh) * 4, "out"), dfused = DeviceBuffer::allocate(size_t(T * H * Dh) * 4, "fused");
+  const int64_t scratch_floats = T * H * (Dh + 2) * 64;
+  auto dscratch = DeviceBuffer::allocate(size_t(scratch_floats) * 4, "scratch");
+  ASSERT_TRUE(dq_raw.is_ok() && dq.is_ok() && dkv.is_ok() && dring.is_ok() && dent.is_ok() && dsink.is_ok() &&
+              dfreq.is_ok() && dsel.is_ok() && dcnt.is_ok() && dstep.is_ok() && dout.is_ok() && dfused.is_ok() &&
+              dscratch.is_ok());
+  const float eps = 1e-6f;
+  QkvFinishArgs f;
+  f.parts[0] = QkvPart{dq->as<float>(), H, Dh, true, nullptr, dfreq->as<float>()};
+  f.n_parts = 1, f.step = dstep->as<StepInfo>(), f.T = T, f.rope_dim = rope_dim, f.eps = eps;
+  ASSERT_TRUE(qkv_finish(f, nullptr).is_ok());
+  AttentionArgs a;
+  a.step = dstep->as<StepInfo>(), a.q = dq->as<float>(), a.kv = dkv->as<float>(), a.ring = dring->as<float>();
+  a.entries = dent->as<float>(), a.entry_capacity = capacity, a.ratio = ratio, a.mode = mode;
+  a.sel = dsel->as<int32_t>(), a.sel_count = dcnt->as<int32_t>(), a.sel_ld = int(sel_ld);
+  a.sinks = dsink->as<float>(), a.T = T, a.H = H, a.Dh = Dh, a.W = W, a.scale = 1.0f / std::sqrt(float(Dh));
+  a.out = dout->as<float>(), a.scratch = dscratch->as<float>(), a.scratch_floats = scratch_floats;
+  a.unrope_freq = dfreq->as<float>(), a.rope_dim = rope_dim;
+  ASSERT_TRUE(attention_finishes_q(a));
+  ASSERT_TRUE(attention_sparse(a, nullptr).is_ok());
+  AttentionArgs b = a;
+  b.q = dq_raw->as<float>(), b.out = dfused->as<float>(), b.q_finish = true, b.q_eps = eps;
+  ASSERT_TRUE(attention_sparse(b, nullptr).is_ok());
+  auto want = download_vector(dout->as<float>(), size_t(T * H * Dh), "out");
+  auto got = download_vector(dfused->as<float>(), size_t(T * H * Dh), "fused");
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  const double err = rel_rms(got->data(), want->data(), want->size());
+  std::printf("[attention q_finish] %-32s splits %2d  rel rms vs qkv_finish + attention %.2e (tol 1e-6)\n",
+              name.c_str(), attention_splits(a), err);
+  EXPECT_LE(err, 1e-6);
+}
+
+TEST(AttentionMma, FinishesItsQueries) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  run_q_finish_case("V4 decode csa (64 x 512, rope 64)", 64, 512, 64, 1, 1000, AttnEntries::kSelected, rng);
+  run_q_finish_case("V4 draft of 3, hca", 64, 512, 64, 3, 777, AttnEntries::kVisible, rng);
+  run_q_finish_case("5 heads x 128, rope 64, swa", 5, 128, 64, 1, 40, AttnEntries::kNone, rng);
+  run_q_finish_case("20 heads x 448, rope 32", 20, 448, 32, 2, 123, AttnEntries::kVisible, rng);
+  run_q_finish_case("3 heads x 256, rope 256", 3, 256, 256, 1, 5, AttnEntries::kNone, rng);
+  // Shapes the form does not take: a row across part of a warp, a rope tail of half float4s.
+  AttentionArgs a;
+  a.T = 1, a.Dh = 64, a.rope_dim = 64, a.unrope_freq = reinterpret_cast<const float*>(&a);
+  EXPECT_FALSE(attention_finishes_q(a));
+  a.Dh = 192;
+  EXPECT_FALSE(attention_finishes_q(a));
+  a.Dh = 512, a.rope_dim = 62;
+  EXPECT_FALSE(attention_finishes_q(a));
+  a.rope_dim = 64, a.T = 17;
+  EXPECT_FALSE(attention_finishes_q(a));
 }
 
 // Indexer scores: sum_h w[t,h] * w_scale * relu(q[t,h] . k[j]) for the visible j.

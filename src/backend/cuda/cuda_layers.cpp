@@ -37,6 +37,7 @@ struct Switches {
   bool comb_job = env_switch_on("AFF_CUDA_COMB_JOB");        // an mHC site's Sinkhorn in the next launch
   bool comp_defer = env_switch_on("AFF_CUDA_COMP_DEFER");    // compressor projections once per 4 tokens
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
+  bool attn_qfinish = env_switch_on("AFF_CUDA_ATTN_QFINISH");  // the attention finishes its queries (norm, RoPE)
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
@@ -420,6 +421,21 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool iq_stacked = fork_indexer && fold_q_norm && switches().stack_iq && !ablated("entries") &&
                           !ablated("iq") && !ablated("wq_b") &&
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
+  // Decode: the attention normalises and rotates its queries as it stages
+  // them, and the KV latent's norm and RoPE run beside wq_b on side3 (free
+  // unless the indexer's queries take it): qkv_finish leaves the query path.
+  const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
+  AttentionArgs probe;
+  probe.T = T, probe.Dh = Dh, probe.rope_dim = rd, probe.unrope_freq = freq;
+  const bool q_in_attn = side_ok && paired && switches().attn_qfinish && !(fork_indexer && !iq_stacked) &&
+                         !ablated("wq_a") && !ablated("qkv") && attention_finishes_q(probe);
+  if (q_in_attn) {
+    QkvFinishArgs f;
+    f.parts[0] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
+    f.n_parts = 1, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
+    AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), s, st.kv_ready));
+    AFF_RETURN_IF_ERROR(qkv_finish(f, st.side3.get()));
+  }
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
   // Whether the mHC site before already wrote this step's x into cs's x ring.
@@ -464,9 +480,10 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
     prof_mark(s, "attn.wkv");
   }
-  {  // per-head query norm, KV norm, and RoPE on both, in one launch
+  if (q_in_attn) {
+    AFF_RETURN_IF_ERROR(stream_after(s, st.side3.get(), st.kv_done));
+  } else {  // per-head query norm, KV norm, and RoPE on both, in one launch
     QkvFinishArgs f;
-    const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
     f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
     f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
     f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
@@ -502,6 +519,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // angle (in the key-split merge where there is one).
   a.unrope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   a.rope_dim = rd;
+  a.q_finish = q_in_attn, a.q_eps = eps;
   if (!ablated("attn")) AFF_RETURN_IF_ERROR(attention_sparse(a, s));
   prof_mark(s, "attn.core+unrope");
 

@@ -126,8 +126,11 @@ class GpuState {
   // attention's compressor and the indexer's head weights on `side`, the
   // indexer's compressor and its selection on `side2`, the indexer's queries
   // on `side3` (after qr). Fork at the layer's start, join before attention.
+  // When the attention finishes its queries itself, the KV latent's norm and
+  // RoPE run on `side3` (which the indexer's queries then leave free) beside
+  // wq_b: forked at kv_ready, joined at kv_done before attention.
   Stream side, side2, side3;
-  Event fork, qr_ready, iq_ready, iw_ready, join, join2, join3;
+  Event fork, qr_ready, iq_ready, iw_ready, join, join2, join3, kv_ready, kv_done;
   // Decode: L2 prefetches of weights a few kernels ahead of their readers run
   // on `ahead` (forked where they should start, joined once at the step's end).
   Stream ahead;

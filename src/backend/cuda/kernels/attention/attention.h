@@ -33,7 +33,7 @@ enum class AttnEntries : int32_t {
 
 struct AttentionArgs {
   const StepInfo* step = nullptr;  // device: pos0 and T of this chunk
-  const float* q = nullptr;        // [T, H, Dh] queries (normed, RoPE'd)
+  const float* q = nullptr;        // [T, H, Dh] queries (normed, RoPE'd; raw with q_finish)
   const float* kv = nullptr;       // [T, Dh] the chunk's KV latents (normed, RoPE'd)
   const float* ring = nullptr;     // [W, Dh] window ring: position p < pos0 at row p % W
   const float* entries = nullptr;  // [entry_capacity, Dh] compressed entries
@@ -59,11 +59,23 @@ struct AttentionArgs {
   // The key-split merge does it as it writes; otherwise rope_f32 runs.
   const float* unrope_freq = nullptr;
   int rope_dim = 0;
+  // Set: q holds the raw query rows, and the kernel finishes them as it
+  // stages them: each head row RMS-normalised (no weight, eps q_eps), then
+  // its trailing rope_dim channels rotated by the query's angle with the
+  // unrope_freq frequencies, as qkv_finish does (one launch fewer on a decode
+  // step's query path). Only where attention_finishes_q says so.
+  bool q_finish = false;
+  float q_eps = 0.0f;
 };
 
 // out[t, h] = sum_i softmax_i(q . k_i * scale; sink) k_i, with the sink in the
 // denominator only. Dh <= 512, Dh % 8 == 0; any H (in groups of 64).
 Status attention_sparse(const AttentionArgs& a, cudaStream_t stream);
+
+// Whether a launch with these arguments can take q_finish: decode-sized
+// chunks (T <= 16), a head row staged by whole warps (Dh in (64, 128],
+// (192, 256] or (256, 512]), a rope tail of whole float4s, frequencies given.
+bool attention_finishes_q(const AttentionArgs& a);
 
 // Number of key splits attention_sparse uses for these arguments (for tests
 // and benchmarks: a pure function of the capacities, never of the position).

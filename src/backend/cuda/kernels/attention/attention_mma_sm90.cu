@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels/attention/attention.h"
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/rope/rope.h"
+#include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
@@ -113,6 +114,42 @@ __device__ __forceinline__ float* partial_ml(const AttentionArgs& a, int splits,
   return a.scratch + a.T * splits * a.H * a.Dh + ((t * splits + s) * a.H + h) * 2;
 }
 
+// q_finish in registers: v[i] holds channels [4 d_i, 4 d_i + 4) of staged row
+// i * (kThreads / kTpr) + threadIdx.x / kTpr (the Q loop's map). Each row is
+// RMS-normalised (sums per warp, added in warp order: the same on every
+// replay) and its rope tail rotated at position pos, with qkv_finish's table
+// and rotation (rope_pairs.cuh). scratch: >= kIters * 8 + rope_dim floats of
+// shared memory, 16-byte aligned. Every thread of the block must call it.
+template <int kIters, int kTpr>
+__device__ __forceinline__ void finish_q_rows(float4 (&v)[kIters], const AttentionArgs& a, int64_t pos,
+                                              float* scratch) {
+  constexpr int kWarps = kThreads / 32, kWarpsRow = kTpr / 32;
+  float* part = scratch;                                            // [kIters][kWarps]
+  float2* tab = reinterpret_cast<float2*>(scratch + kIters * kWarps);  // [rope_dim / 2] (cos, sin)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    float ss = v[i].x * v[i].x;
+    ss = fmaf(v[i].y, v[i].y, ss);
+    ss = fmaf(v[i].z, v[i].z, ss);
+    ss = fmaf(v[i].w, v[i].w, ss);
+    ss = warp_sum(ss);
+    if (lane == 0) part[i * kWarps + warp] = ss;
+  }
+  rope_table_fill(tab, pos, a.unrope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
+  __syncthreads();
+  const int w0 = int(threadIdx.x) / kTpr * kWarpsRow, d = 4 * (int(threadIdx.x) % kTpr), off = a.Dh - a.rope_dim;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWarpsRow; ++j) ss += part[i * kWarps + w0 + j];
+    const float scale = rms_inv(ss, float(a.Dh), a.q_eps);
+    v[i] = make_float4(v[i].x * scale, v[i].y * scale, v[i].z * scale, v[i].w * scale);
+    if (d >= off && d < a.Dh) v[i] = rope_rotate4(v[i], reinterpret_cast<const float4*>(tab)[(d - off) / 4]);
+  }
+}
+
 template <int NT, bool kSplit, int MT>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs a, int splits, int keys_per_split) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
@@ -148,6 +185,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
         const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
         v[i] = r < n_heads && d < a.Dh ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.H + h0 + r) * a.Dh + d)))
                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      // q_finish: the whole block holds every row here (one batch), whole
+      // warps per row; the score buffer is free until the first key tile.
+      constexpr int kTpr = DP / 4;  // threads per head row
+      if constexpr (kBatch == kIters && kTpr >= 32 && kThreads % kTpr == 0) {
+        if (a.q_finish) finish_q_rows<kBatch, kTpr>(v, a, step.pos0 + t, s_s);
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
@@ -494,6 +537,13 @@ Status launch_nt(const AttentionArgs& a, const SplitPlan& p, cudaStream_t stream
 
 int attention_splits(const AttentionArgs& a) { return plan_splits(a).splits; }
 
+bool attention_finishes_q(const AttentionArgs& a) {
+  const int nt = (a.Dh + 63) / 64;  // launch_nt's choice: 3 would leave a row across part of a warp
+  const bool whole_warps = nt == 2 || nt == 4 || (nt > 4 && nt <= 8);
+  return a.T >= 1 && a.T <= kFewQueries && whole_warps && a.unrope_freq != nullptr && a.rope_dim > 0 &&
+         a.rope_dim % 4 == 0 && a.rope_dim <= a.Dh && a.Dh % 4 == 0;
+}
+
 Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   if (a.T == 0) return Status::ok();
   if (a.step == nullptr) return internal_error("attention: no step info");
@@ -505,6 +555,7 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
     return internal_error("attention: compressed entries missing");
   if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
     return internal_error("attention: selected entries missing");
+  if (a.q_finish && !attention_finishes_q(a)) return internal_error("attention: q_finish with unsupported arguments");
   static const cudaError_t smem_ok = allow_smem_all();
   AFF_CUDA_RETURN_IF_ERROR(smem_ok);
   const SplitPlan p = plan_splits(a);
