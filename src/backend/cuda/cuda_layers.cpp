@@ -421,13 +421,16 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool iq_stacked = fork_indexer && fold_q_norm && switches().stack_iq && !ablated("entries") &&
                           !ablated("iq") && !ablated("wq_b") &&
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
-  // Decode: the attention normalises and rotates its queries as it stages
-  // them, and the KV latent's norm and RoPE run beside wq_b on side3 (free
-  // unless the indexer's queries take it): qkv_finish leaves the query path.
+  // Decode without an indexer: the attention normalises and rotates its
+  // queries as it stages them, and the KV latent's norm and RoPE run beside
+  // wq_b on side3: qkv_finish leaves the query path (~1 us per layer). With
+  // an indexer the attention waits for its top-k instead, beside which
+  // qkv_finish already runs: finishing there would add the staging's ~1.7 us
+  // to the path (docs/BENCHMARKS.md).
   const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   AttentionArgs probe;
   probe.T = T, probe.Dh = Dh, probe.rope_dim = rd, probe.unrope_freq = freq;
-  const bool q_in_attn = side_ok && paired && switches().attn_qfinish && !(fork_indexer && !iq_stacked) &&
+  const bool q_in_attn = side_ok && paired && switches().attn_qfinish && !w.indexer.present &&
                          !ablated("wq_a") && !ablated("qkv") && attention_finishes_q(probe);
   if (q_in_attn) {
     QkvFinishArgs f;
