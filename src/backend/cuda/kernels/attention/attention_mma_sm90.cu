@@ -201,8 +201,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
   }
   if (t >= step.T) return;
   const KeySet ks = key_set(a, step.pos0, t, sel_n);
-  const int64_t k_begin = int64_t(split) * keys_per_split;
-  const int64_t k_end = ks.n_keys < k_begin + keys_per_split ? ks.n_keys : k_begin + keys_per_split;
+  // Key tiles are dealt to the splits by this query's key count: the split
+  // count comes from the capacities (fixed for a captured step), and dealing
+  // by capacity would leave a short context's keys on the first few splits
+  // (with --kv-size 1M a 4K context's 160 HCA keys all on split 0 of 64).
+  const int64_t per = splits > 1 ? ((ks.n_keys + kKeys - 1) / kKeys + splits - 1) / splits * kKeys : keys_per_split;
+  const int64_t k_begin = int64_t(split) * per;
+  const int64_t k_end = ks.n_keys < k_begin + per ? ks.n_keys : k_begin + per;
 
   if (k_begin >= k_end) {  // a split past this query's keys (only when splits > 1)
     if (threadIdx.x < n_heads) {

@@ -9,6 +9,7 @@
 // indexer_topk_f32_sm90: one block per query: four 8-bit radix passes find
 // the k-th largest key (bin search by one warp), then ids are compacted in id
 // order. 1024 threads for short chunks (decode), 256 for long ones.
+#include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/kernels/common/decode.cuh"
@@ -16,6 +17,7 @@
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/rope/rope_pairs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/env_switch.h"
 #include "backend/cuda/runtime/pdl.h"
 
@@ -28,6 +30,9 @@ constexpr int kThreads = 256;
 // and each block's serial MMA chain is a quarter as long.
 constexpr int kKeyTileLong = 128;
 constexpr int kKeyTileShort = 32;
+// Blocks per SM along the keys (the grid's cap): 4 keeps V4's 4K..64K
+// positions at one tile per block with --kv-size 65536 (512 tiles).
+constexpr int64_t kScoreBlocksPerSm = 4;
 constexpr int kQueries = 16;  // queries per block: each key tile is converted once for them
 constexpr int kHeads = 64;    // head rows (MMA M), zero-padded
 constexpr int kMaxHd = 128;
@@ -76,119 +81,125 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
   float* red = reinterpret_cast<float*>(smem + L::red);
 
   const StepInfo step = *a.step;
-  const int64_t key0 = int64_t(blockIdx.x) * kKeyTile;
   const int64_t t0 = int64_t(blockIdx.y) * kQueries;
   if (t0 >= step.T) return;
   const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
   const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
-  if (key0 >= n_max) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
+  // Key tiles blockIdx.x, + gridDim.x, ... up to the visible ones: the grid is
+  // sized from the capacity (a captured step replays at every position), but
+  // capped, so a large --kv-size does not launch thousands of blocks that
+  // only find their tile empty.
+  for (int64_t key0 = int64_t(blockIdx.x) * kKeyTile; key0 < n_max; key0 += int64_t(gridDim.x) * kKeyTile) {
 
-  // Every global load of the block goes out at once (the key tile, the first
-  // query's rows and head weights), and the first RoPE table is computed while
-  // they are in flight: each dependent round trip is ~1 us of a decode step's
-  // critical path.
-  constexpr int kKIters = kKeyTile * kMaxHd / 4 / kThreads;
-  constexpr int kQIters = kHeads * kMaxHd / 4 / kThreads;
-  float4 kv[kKIters];
-#pragma unroll
-  for (int i = 0; i < kKIters; ++i) {
-    const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-    kv[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
-                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  float4 qv[kQIters];
-  float wv = 0.0f;
-  auto load_q = [&](int64_t t) {
-#pragma unroll
-    for (int i = 0; i < kQIters; ++i) {
+    // Every global load of the block goes out at once (the key tile, the first
+    // query's rows and head weights), and the first RoPE table is computed while
+    // they are in flight: each dependent round trip is ~1 us of a decode step's
+    // critical path.
+    constexpr int kKIters = kKeyTile * kMaxHd / 4 / kThreads;
+    constexpr int kQIters = kHeads * kMaxHd / 4 / kThreads;
+    float4 kv[kKIters];
+  #pragma unroll
+    for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-      qv[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      kv[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    wv = int(threadIdx.x) < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
-  };
-  load_q(t0);
-  __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
-  const int rope_off = a.hd - a.rope_dim;
-  if (a.rope_freq != nullptr) rope_table_fill(rope_tab, step.pos0 + t0, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
-#pragma unroll
-  for (int i = 0; i < kKIters; ++i) {
-    const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-    store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
-  }
-  const int k_steps = (a.hd + 15) / 16;
-  const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [kKeyTile / 2 kh, + kKeyTile / 2)
-
-  for (int64_t t = t0; t < t_end; ++t) {
-    const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
-    if (key0 >= n_vis) continue;  // uniform over the block
-    if (t != t0) {
-      // (the previous token's table and q_s were last read before this loop's later barriers)
-      load_q(t);
-      if (a.rope_freq != nullptr)
-        rope_table_fill(rope_tab, step.pos0 + t, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
-    }
-    if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
-      __syncthreads();
-#pragma unroll
+    float4 qv[kQIters];
+    float wv = 0.0f;
+    auto load_q = [&](int64_t t) {
+  #pragma unroll
       for (int i = 0; i < kQIters; ++i) {
-        const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
-        if (d < rope_off || d >= a.hd) continue;
-        qv[i] = rope_rotate4(qv[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
+        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+        qv[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
-    }
-#pragma unroll
-    for (int i = 0; i < kQIters; ++i) {
+      wv = int(threadIdx.x) < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
+    };
+    load_q(t0);
+    __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
+    const int rope_off = a.hd - a.rope_dim;
+    if (a.rope_freq != nullptr)
+      rope_table_fill(rope_tab, step.pos0 + t0, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
+  #pragma unroll
+    for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-      store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
+      store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
     }
-    if (threadIdx.x < kHeads) w_s[threadIdx.x] = wv;
-    __syncthreads();
+    const int k_steps = (a.hd + 15) / 16;
+    const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [kKeyTile / 2 kh, + kKeyTile / 2)
 
-    float acc[kNj][4];
-#pragma unroll
-    for (int j = 0; j < kNj; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int ks = 0; ks < k_steps; ++ks) {
-      uint32_t ah[4], al[4];
-      load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
-      if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
-#pragma unroll
-      for (int j = 0; j < kNj; ++j) {
-        uint32_t b0, b1;
-        load_b_frag_nk(b0, b1, k_s, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
-        mma_bf16_16816(acc[j], ah, b0, b1);
-        if (kSplit) {
-          mma_bf16_16816(acc[j], al, b0, b1);
-          load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
-          mma_bf16_16816(acc[j], ah, b0, b1);
+    for (int64_t t = t0; t < t_end; ++t) {
+      const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
+      if (key0 >= n_vis) continue;  // uniform over the block
+      if (t != t0) {
+        // (the previous token's table and q_s were last read before this loop's later barriers)
+        load_q(t);
+        if (a.rope_freq != nullptr)
+          rope_table_fill(rope_tab, step.pos0 + t, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
+      }
+      if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
+        __syncthreads();
+  #pragma unroll
+        for (int i = 0; i < kQIters; ++i) {
+          const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
+          if (d < rope_off || d >= a.hd) continue;
+          qv[i] = rope_rotate4(qv[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
         }
       }
-    }
-    const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
-#pragma unroll
-    for (int j = 0; j < kNj; ++j) {
-      float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
-      float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+  #pragma unroll
+      for (int i = 0; i < kQIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
+        store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
       }
-      if (g == 0) {
-        red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c] = s0;
-        red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c + 1] = s1;
+      if (threadIdx.x < kHeads) w_s[threadIdx.x] = wv;
+      __syncthreads();
+
+      float acc[kNj][4];
+  #pragma unroll
+      for (int j = 0; j < kNj; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+      for (int ks = 0; ks < k_steps; ++ks) {
+        uint32_t ah[4], al[4];
+        load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
+        if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
+  #pragma unroll
+        for (int j = 0; j < kNj; ++j) {
+          uint32_t b0, b1;
+          load_b_frag_nk(b0, b1, k_s, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
+          mma_bf16_16816(acc[j], ah, b0, b1);
+          if (kSplit) {
+            mma_bf16_16816(acc[j], al, b0, b1);
+            load_b_frag_nk(b0, b1, k_s + kKeyTile * kLd, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
+            mma_bf16_16816(acc[j], ah, b0, b1);
+          }
+        }
+      }
+      const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
+  #pragma unroll
+      for (int j = 0; j < kNj; ++j) {
+        float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
+        float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
+  #pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+          s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+          s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        }
+        if (g == 0) {
+          red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c] = s0;
+          red[mi * kKeyTile + kKeyTile / 2 * kh + 8 * j + 2 * c + 1] = s1;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < kKeyTile) {
+        const int64_t j = key0 + threadIdx.x;
+        const int i = threadIdx.x;
+        if (j < a.capacity)
+          a.scores[t * a.capacity + j] =
+              j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
       }
     }
-    __syncthreads();
-    if (threadIdx.x < kKeyTile) {
-      const int64_t j = key0 + threadIdx.x;
-      const int i = threadIdx.x;
-      if (j < a.capacity)
-        a.scores[t * a.capacity + j] =
-            j < n_vis ? ((red[i] + red[kKeyTile + i]) + red[2 * kKeyTile + i]) + red[3 * kKeyTile + i] : -INFINITY;
-    }
+    __syncthreads();  // the next tile rewrites k_s, q_s, w_s, red and the RoPE table
   }
 }
 
@@ -364,7 +375,10 @@ template <bool kSplit, int kKeyTile>
 Status launch_scores_tiled(const IndexerScoreArgs& a, cudaStream_t stream) {
   using L = ScoreLayout<kSplit, kKeyTile>;
   AFF_RETURN_IF_ERROR(smem_ready());
-  const dim3 grid(unsigned((a.capacity + kKeyTile - 1) / kKeyTile), unsigned((a.T + kQueries - 1) / kQueries));
+  // At most kScoreBlocksPerSm blocks per SM along the keys; each loops over its tiles.
+  const int64_t tiles = (a.capacity + kKeyTile - 1) / kKeyTile;
+  const int64_t cap = int64_t(current_device_multiprocessors()) * kScoreBlocksPerSm;
+  const dim3 grid(unsigned(std::min(tiles, cap)), unsigned((a.T + kQueries - 1) / kQueries));
   const cudaError_t e =
       launch_pdl(indexer_scores_mma_sm90<kSplit, kKeyTile>, dim3(grid), dim3(kThreads), L::bytes, stream, a);
   return cuda_status(e, "indexer_scores_mma_sm90");
