@@ -36,6 +36,13 @@ constexpr int kPLd = kKeys + kPad;
 constexpr int kMaxDh = 512;
 constexpr int kMergeThreads = 128;
 constexpr int64_t kMaxSplits = 64;  // the merge reads every split's partials
+// Default cap on the key splits (AFF_CUDA_ATTN_SPLITS overrides it up to
+// kMaxSplits). With the default --kv-size (1M) the capacity asks for 64; at
+// 4K / 32K / 256K context 64 splits measured 5.81 / 6.23 / 10.03 ms/token,
+// 32 splits 5.77 / 6.16 / 9.88, 20 splits 5.73 / 6.11 / 9.95
+// (docs/BENCHMARKS.md): the fixed cost of a split (its block, its partials,
+// the merge's share) outweighs the parallelism at those lengths.
+constexpr int64_t kDefaultSplits = 32;
 
 // Shared-memory layout for head_dim padded to 64 * NT and 16 * MT head rows;
 // kParts = 2 holds hi and lo; KS score buffers (partial sums over halves of
@@ -479,7 +486,7 @@ SplitPlan plan_splits(const AttentionArgs& a) {
   const int64_t groups = (a.H + rows - 1) / rows;
   const int64_t base = std::max<int64_t>(1, a.T * groups);
   // AFF_CUDA_ATTN_SPLITS: a cap on the key splits (tuning knob).
-  static const int cap = env_int("AFF_CUDA_ATTN_SPLITS", int(kMaxSplits), 1, int(kMaxSplits));
+  static const int cap = env_int("AFF_CUDA_ATTN_SPLITS", int(kDefaultSplits), 1, int(kMaxSplits));
   int64_t splits = std::min<int64_t>({tiles, (2 * current_device_multiprocessors() + base - 1) / base, int64_t(cap)});
   const int64_t per_split_floats = a.T * a.H * (int64_t(a.Dh) + 2);
   if (a.scratch == nullptr || per_split_floats == 0) splits = 1;
