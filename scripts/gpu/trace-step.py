@@ -13,6 +13,9 @@ default is the last launch with the most kernels. Prints:
     layers: two per layer, the attention's and the MoE's), the time from one
     site's end to the next: the attention sublayer (first site's end to the
     second's) and the MoE (second site's end to the next layer's first);
+  - per kind of layer (CSA: with an indexer top-k; the others), what each
+    kernel added (its end minus the latest end before it, in end order),
+    averaged over the layers of that kind;
   - with --layer N, that layer's kernels in end order: end and the time since
     the previous end (on the critical path, what that kernel added);
   - otherwise the kernels overlapping a window of the step (default: 300 us
@@ -64,19 +67,49 @@ def main() -> int:
         print(f"\nper layer (us, site end to site end; {n_layers} layers, the last MoE runs to the head's site):")
         print(f"  attention: mean {statistics.mean(att):.1f}, sum {sum(att):.0f}: " + " ".join(f"{v:.0f}" for v in att))
         print(f"  MoE:       mean {statistics.mean(moe):.1f}, sum {sum(moe):.0f}: " + " ".join(f"{v:.0f}" for v in moe))
+    def layer_rows(l):
+        """Layer l's kernels in end order: (start, end, added) in ns from its first site's start, and the kernel."""
+        a, b, t_l = sites[2 * l][1], sites[2 * l + 2][1], sites[2 * l][0]
+        rows, prev = [], t_l
+        for st, en, s, name, grid, block in sorted(ks, key=lambda k: k[1]):
+            if a <= en <= b or (st <= a and en >= a):
+                rows.append((st - t_l, en - t_l, max(0, en - prev), name, grid, block))
+                prev = max(prev, en)
+        return rows
+
     if args.layer is not None:
         if not 0 <= args.layer < n_layers:
             print(f"--layer: the step has {n_layers} layers")
             return 1
-        a, b = sites[2 * args.layer][1], sites[2 * args.layer + 2][1]
         print(f"\nlayer {args.layer} in end order, from its first site's start: start, end, added (us), grid x block, name")
-        prev = sites[2 * args.layer][0]
-        for st, en, s, name, grid, block in sorted(ks, key=lambda k: k[1]):
-            if a <= en <= b or (st <= a and en >= a):
-                print(f"  {(st - sites[2 * args.layer][0]) / 1e3:9.2f} "
-                      f"{(en - sites[2 * args.layer][0]) / 1e3:9.2f} {max(0, en - prev) / 1e3:7.2f} {grid:5d}x{block:<4d} {name}")
-                prev = max(prev, en)
+        for st, en, added, name, grid, block in layer_rows(args.layer):
+            print(f"  {st / 1e3:9.2f} {en / 1e3:9.2f} {added / 1e3:7.2f} {grid:5d}x{block:<4d} {name}")
         return 0
+
+    # What each kernel adds, averaged over the layers of a kind (CSA: the ones
+    # with an indexer top-k). A kernel is told from others of its name by its
+    # shape and its rank among them in the layer (wo_a and wo_b are both
+    # 256x256 GEMVs).
+    kinds = defaultdict(list)
+    for l in range(n_layers):
+        rows = layer_rows(l)
+        kinds["CSA" if any(r[3] == "indexer_topk_f32_sm90" for r in rows) else "other"].append(rows)
+    for kind, layers in sorted(kinds.items()):
+        added, order = defaultdict(list), []
+        for rows in layers:
+            seen = defaultdict(int)
+            for st, en, add, name, grid, block in rows:
+                key = (name, grid, block, seen[(name, grid, block)])
+                seen[(name, grid, block)] += 1
+                if key not in added:
+                    order.append(key)
+                added[key].append(add)
+        total = sum(statistics.mean(v) for v in added.values())
+        print(f"\n{kind} layers ({len(layers)}), mean added per kernel in end order (us; from the first site's "
+              f"start to the next layer's first site's end: {total / 1e3:.1f}):")
+        for key in order:
+            name, grid, block, _ = key
+            print(f"  {statistics.mean(added[key]) / 1e3:7.2f} {grid:5d}x{block:<4d} {name}")
 
     w0, wl = args.window if args.window else (span / 2e3, 300.0)
     lo, hi = t0 + w0 * 1e3, t0 + (w0 + wl) * 1e3

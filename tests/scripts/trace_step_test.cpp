@@ -45,10 +45,18 @@ TEST(TraceStep, LayersAndAddedTimes) {
     f << "9,15,1000024000,1000040000,66,512,moe_up_fast_sm90\n";
     f << "9,14,1000040000,1000045000,32,128,hc_fused_small_f32_sm90\n";
   }
-  bool ok = false;
-  const std::string out = run("python3 '" + script.string() + "' '" + csv.string() + "' --layer 0", ok);
+  bool ok = false, ok_all = false;
+  const std::string cmd = "python3 '" + script.string() + "' '" + csv.string() + "'";
+  const std::string out = run(cmd + " --layer 0", ok);
+  const std::string all = run(cmd, ok_all);
   fs::remove(csv);
   ASSERT_TRUE(ok) << out;
+  ASSERT_TRUE(ok_all) << all;
+  // The per-kind summary: one layer without an indexer, its kernels' added
+  // times summing to its span (first site's start to the head site's end).
+  EXPECT_NE(all.find("other layers (1), mean added per kernel in end order"), std::string::npos) << all;
+  EXPECT_NE(all.find("end: 45.0):"), std::string::npos) << all;
+  EXPECT_NE(all.find("  15.00    66x512  moe_up_fast_sm90"), std::string::npos) << all;
   EXPECT_NE(out.find("launch 9: 5 kernels over 45.0 us"), std::string::npos) << out;
   // Site end to site end: the attention sublayer 10 -> 25 us, the MoE 25 -> 45 us.
   EXPECT_NE(out.find("attention: mean 15.0"), std::string::npos) << out;
