@@ -15,7 +15,10 @@ default is the last launch with the most kernels. Prints:
     second's) and the MoE (second site's end to the next layer's first);
   - per kind of layer (CSA: with an indexer top-k; the others), what each
     kernel added (its end minus the latest end before it, in end order),
-    averaged over the layers of that kind;
+    averaged over the layers of that kind. A proxy for the critical path: a
+    side-stream kernel that ends between two critical ones takes part of the
+    later one's share (the L2 prefetch often does), and kernels whose order
+    changes between layers share their times;
   - with --layer N, that layer's kernels in end order: end and the time since
     the previous end (on the critical path, what that kernel added);
   - otherwise the kernels overlapping a window of the step (default: 300 us
