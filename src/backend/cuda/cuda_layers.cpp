@@ -432,12 +432,18 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   probe.T = T, probe.Dh = Dh, probe.rope_dim = rd, probe.unrope_freq = freq;
   const bool q_in_attn = side_ok && paired && switches().attn_qfinish && !w.indexer.present &&
                          !ablated("wq_a") && !ablated("qkv") && attention_finishes_q(probe);
-  if (q_in_attn) {
+  // The KV latent's norm (with its weight) and RoPE, after the per-head query
+  // norm and RoPE unless the attention does those.
+  auto qkv_finish_on = [&](bool with_q, cudaStream_t on) {
     QkvFinishArgs f;
-    f.parts[0] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
-    f.n_parts = 1, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
+    if (with_q) f.parts[f.n_parts++] = QkvPart{q, H, Dh, true, nullptr, freq};
+    f.parts[f.n_parts++] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
+    f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
+    return qkv_finish(f, on);
+  };
+  if (q_in_attn) {
     AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), s, st.kv_ready));
-    AFF_RETURN_IF_ERROR(qkv_finish(f, st.side3.get()));
+    AFF_RETURN_IF_ERROR(qkv_finish_on(false, st.side3.get()));
   }
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
@@ -486,11 +492,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (q_in_attn) {
     AFF_RETURN_IF_ERROR(stream_after(s, st.side3.get(), st.kv_done));
   } else {  // per-head query norm, KV norm, and RoPE on both, in one launch
-    QkvFinishArgs f;
-    f.parts[0] = QkvPart{q, H, Dh, true, nullptr, freq};
-    f.parts[1] = QkvPart{kv, 1, Dh, true, w.kv_norm, freq};
-    f.n_parts = 2, f.step = st.step.as<StepInfo>(), f.T = T, f.rope_dim = rd, f.eps = eps;
-    if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish(f, s));
+    if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish_on(true, s));
     prof_mark(s, "attn.qkv_finish");
   }
 
@@ -520,7 +522,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   a.scratch = ws.y_pairs.as<float>(), a.scratch_floats = int64_t(ws.y_pairs.bytes() / sizeof(float));
   // V carried RoPE on its tail: the output is rotated back by the query's
   // angle (in the key-split merge where there is one).
-  a.unrope_freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
+  a.unrope_freq = freq;
   a.rope_dim = rd;
   a.q_finish = q_in_attn, a.q_eps = eps;
   if (!ablated("attn")) AFF_RETURN_IF_ERROR(attention_sparse(a, s));

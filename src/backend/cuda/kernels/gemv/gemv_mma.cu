@@ -459,7 +459,7 @@ bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_g
   // docs/BENCHMARKS.md). The small ones (compressor and indexer projections,
   // <= 4 MB at V4 size) measured no faster than gemv_any in the decode step.
   constexpr int64_t kBf16MmaMinBytes = int64_t(32) << 20;
-  const bool bf16_large = w.format == DevFormat::kBF16 && w.out * w.in * 2 >= kBf16MmaMinBytes;
+  const bool bf16_large = w.format == DevFormat::kBF16 && stored_bytes(w) >= kBf16MmaMinBytes;
   return (w.format != DevFormat::kBF16 || bf16_routed || bf16_large) && gemv_mma_supports(w, row_begin, rows_per_group);
 }
 

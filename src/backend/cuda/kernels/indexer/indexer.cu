@@ -5,7 +5,8 @@
 // the tile), then ReLU, the head weights and the sum over heads are applied to the
 // accumulators in registers (shuffles over the 8 rows a lane group holds,
 // then the 4 head tiles summed in a fixed order). The same kernel serves
-// decode (one query, the grid spans the key capacity) and prefill.
+// decode (one query; the grid spans the key capacity, capped at a few
+// blocks per SM that loop over their tiles) and prefill.
 // indexer_topk_f32_sm90: one block per query: four 8-bit radix passes find
 // the k-th largest key (bin search by one warp), then ids are compacted in id
 // order. 1024 threads for short chunks (decode), 256 for long ones.
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     constexpr int kKIters = kKeyTile * kMaxHd / 4 / kThreads;
     constexpr int kQIters = kHeads * kMaxHd / 4 / kThreads;
     float4 kv[kKIters];
-  #pragma unroll
+#pragma unroll
     for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
       kv[i] = key0 + r < n_max && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.keys + (key0 + r) * a.hd + d))
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     float4 qv[kQIters];
     float wv = 0.0f;
     auto load_q = [&](int64_t t) {
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kQIters; ++i) {
         const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
         qv[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     const int rope_off = a.hd - a.rope_dim;
     if (a.rope_freq != nullptr)
       rope_table_fill(rope_tab, step.pos0 + t0, a.rope_freq, a.rope_dim / 2, threadIdx.x, kThreads);
-  #pragma unroll
+#pragma unroll
     for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
       store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
@@ -141,14 +142,14 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
       }
       if (a.rope_freq != nullptr) {  // the queries' RoPE, as qkv_finish applies it
         __syncthreads();
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < kQIters; ++i) {
           const int idx = threadIdx.x + i * kThreads, d = 4 * (idx % (kMaxHd / 4));
           if (d < rope_off || d >= a.hd) continue;
           qv[i] = rope_rotate4(qv[i], reinterpret_cast<const float4*>(rope_tab)[(d - rope_off) / 4]);
         }
       }
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kQIters; ++i) {
         const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
         store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
@@ -157,13 +158,13 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
       __syncthreads();
 
       float acc[kNj][4];
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kNj; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
       for (int ks = 0; ks < k_steps; ++ks) {
         uint32_t ah[4], al[4];
         load_a_frag(ah, q_s, kLd, 16 * mi, 16 * ks, lane);
         if (kSplit) load_a_frag(al, q_s + kHeads * kLd, kLd, 16 * mi, 16 * ks, lane);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kNj; ++j) {
           uint32_t b0, b1;
           load_b_frag_nk(b0, b1, k_s, kLd, kKeyTile / 2 * kh + 8 * j, 16 * ks, lane);
@@ -176,11 +177,11 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
         }
       }
       const float w_lo = w_s[16 * mi + g], w_hi = w_s[16 * mi + g + 8];
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kNj; ++j) {
         float s0 = fmaxf(acc[j][0], 0.0f) * w_lo + fmaxf(acc[j][2], 0.0f) * w_hi;
         float s1 = fmaxf(acc[j][1], 0.0f) * w_lo + fmaxf(acc[j][3], 0.0f) * w_hi;
-  #pragma unroll
+#pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
           s0 += __shfl_xor_sync(0xffffffffu, s0, o);
           s1 += __shfl_xor_sync(0xffffffffu, s1, o);
