@@ -236,11 +236,233 @@ void bench_moe(const Fmt& w13, const Fmt& w2, int T, float* x, float* out) {
   cudaFree(dslots), cudaFree(dshared), cudaFree(dids), cudaFree(rw), cudaFree(act);
 }
 
+// Median microseconds per item of `items` launched by launch(i, stream),
+// captured once into a CUDA graph and replayed (no launch gaps, as in the
+// decode step's graph).
+template <class Launch>
+double graph_us_per_item(int items, Launch launch) {
+  cudaStream_t cs = nullptr;
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < items; ++i) launch(i, cs);
+  CK(cudaStreamEndCapture(cs, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, cs));  // warm-up
+  CK(cudaStreamSynchronize(cs));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < kReps; ++r) {
+    CK(cudaEventRecord(a, cs));
+    CK(cudaGraphLaunch(exec, cs));
+    CK(cudaEventRecord(b, cs));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1e3 / items);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(cs);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// The decode MoE's parts as the decode step runs them (Q2_K gate/up, Q3_K down,
+// FP8 shared expert; the shared expert's copies rotate too, so every launch
+// reads HBM), timed in a CUDA graph: each launch alone over a given number of
+// SMs, then the split form (shared up + down on a side stream over S SMs, the
+// routed up over the rest, the routed down after both) for several S.
+void bench_moe_parts(float* x, float* out) {
+  const Fmt q2{"Q2_K", DevFormat::kGgml, GgmlType::kQ2_K}, q3{"Q3_K", DevFormat::kGgml, GgmlType::kQ3_K};
+  const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
+  const int E = 256, k = 6, nsh = 8, batches = 32;
+  const int64_t D = 4096, I = 2048;
+  Copies g(q2, I, D, E), u(q2, I, D, E), d(q3, D, I, E);
+  Copies sg(fp8, I, D, nsh), su(fp8, I, D, nsh), sd(fp8, D, I, nsh);
+  std::vector<ExpertSlot> slots(E), shared(nsh);
+  for (int e = 0; e < E; ++e) slots[size_t(e)] = {g.w[size_t(e)], u.w[size_t(e)], d.w[size_t(e)]};
+  for (int i = 0; i < nsh; ++i) shared[size_t(i)] = {sg.w[size_t(i)], su.w[size_t(i)], sd.w[size_t(i)]};
+  ExpertSlot *dslots = nullptr, *dshared = nullptr;
+  CK(cudaMalloc(&dslots, sizeof(ExpertSlot) * E));
+  CK(cudaMalloc(&dshared, sizeof(ExpertSlot) * nsh));
+  CK(cudaMemcpy(dslots, slots.data(), sizeof(ExpertSlot) * E, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dshared, shared.data(), sizeof(ExpertSlot) * nsh, cudaMemcpyHostToDevice));
+  std::vector<int32_t> ids(size_t(batches * k));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + i / 6) % E);
+  int32_t* dids = nullptr;
+  CK(cudaMalloc(&dids, ids.size() * 4));
+  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  float* rw = device_floats(size_t(k), 0.2f);
+  float* act = nullptr;
+  CK(cudaMalloc(&act, size_t((k + 1) * I) * 4));
+  float* ysh = device_floats(size_t(D), 0.0f);
+  ok(moe_decode_prepare());
+  MoeDecodeArgs base;
+  base.slots = dslots, base.route_w = rw, base.k = k, base.routed_format = DevFormat::kGgml;
+  base.shared_format = DevFormat::kFP8Block, base.routed_ggml_up = int(q2.ggml), base.routed_ggml_down = int(q3.ggml);
+  base.x = x, base.T = 1, base.D = D, base.inter = I, base.swiglu_limit = 10.0f, base.act = act, base.out = out;
+  MoeDecodeArgs routed = base, sh = base;
+  routed.add = ysh;
+  sh.k = 0, sh.act = act + k * I, sh.out = ysh;
+  const double up_r = double(k) * 2.0 * double(weight_bytes(q2, I, D));
+  const double down_r = double(k) * double(weight_bytes(q3, D, I));
+  const double up_s = 2.0 * double(weight_bytes(fp8, I, D)), down_s = double(weight_bytes(fp8, D, I));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto at = [&](MoeDecodeArgs a, int i, int max_sms, bool with_shared) {
+    a.ids = dids + size_t(i) * k;
+    a.shared_slot = with_shared ? dshared + i % nsh : nullptr;
+    a.max_sms = max_sms;
+    return a;
+  };
+  for (int n : {sms / 4, sms / 2, sms * 3 / 4, sms}) {
+    const std::string on = "over " + std::to_string(n) + " SMs";
+    row("moe shared up alone", on, "FP8", 1, up_s,
+        graph_us_per_item(batches, [&](int i, cudaStream_t s) { ok(moe_decode_up(at(sh, i, n, true), s)); }));
+    row("moe shared down alone", on, "FP8", 1, down_s,
+        graph_us_per_item(batches, [&](int i, cudaStream_t s) { ok(moe_decode_down(at(sh, i, n, true), s)); }));
+    row("moe routed up alone", on, "Q2_K", 1, up_r,
+        graph_us_per_item(batches, [&](int i, cudaStream_t s) { ok(moe_decode_up(at(routed, i, n, false), s)); }));
+    row("moe routed down alone", on, "Q3_K", 1, down_r,
+        graph_us_per_item(batches, [&](int i, cudaStream_t s) { ok(moe_decode_down(at(routed, i, n, false), s)); }));
+  }
+  row("moe up, mixed", "routed + shared, all SMs", "Q2_K+FP8", 1, up_r + up_s,
+      graph_us_per_item(batches, [&](int i, cudaStream_t s) { ok(moe_decode_up(at(base, i, 0, true), s)); }));
+  // The split form, as gpu_moe runs it at decode.
+  cudaStream_t ss = nullptr;
+  CK(cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  // Item i of the split form over n shared-expert SMs; args(a, i, max_sms, with_shared) gives
+  // a launch's arguments.
+  auto split_form = [&](int i, cudaStream_t s, int n, const auto& args) {
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(ss, fork, 0));
+    ok(moe_decode_up(args(sh, i, n, true), ss));
+    ok(moe_decode_down(args(sh, i, n, true), ss));
+    ok(moe_decode_up(args(routed, i, sms - n, false), s));
+    CK(cudaEventRecord(join, ss));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    ok(moe_decode_down(args(routed, i, 0, false), s));
+  };
+  for (int n : {sms / 4, sms / 3, sms / 2, sms * 2 / 3}) {
+    row("moe split, shared on " + std::to_string(n), "routed up on the rest", "Q2+Q3+FP8", 1,
+        up_r + down_r + up_s + down_s,
+        graph_us_per_item(batches, [&](int i, cudaStream_t s) { split_form(i, s, n, at); }));
+  }
+  // The router (BF16 gate, random so that each item picks its own experts from its own x),
+  // then the split form; and the fused launch doing all of it.
+  const int64_t E64 = E;
+  std::vector<uint16_t> gate_host(size_t(E64 * D));
+  std::vector<float> xs_host(size_t(batches * D)), bias_host(static_cast<size_t>(E));
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  auto uni = [&] {  // xorshift, uniform in [-1, 1)
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    return float(int64_t(st >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23);
+  };
+  for (uint16_t& v : gate_host) {
+    const float f = 0.02f * uni();
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    v = uint16_t(b >> 16);
+  }
+  for (float& v : xs_host) v = uni();
+  for (float& v : bias_host) v = 0.001f * uni();
+  uint8_t* dgate = nullptr;
+  float *dxs = nullptr, *dbias = nullptr, *logits = nullptr, *rwf = nullptr;
+  int32_t* idsf = nullptr;
+  unsigned *ticket = nullptr, *sync = nullptr;
+  CK(cudaMalloc(&dgate, gate_host.size() * 2));
+  CK(cudaMemcpy(dgate, gate_host.data(), gate_host.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&dxs, xs_host.size() * 4));
+  CK(cudaMemcpy(dxs, xs_host.data(), xs_host.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&dbias, bias_host.size() * 4));
+  CK(cudaMemcpy(dbias, bias_host.data(), bias_host.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&logits, size_t(E) * 4));
+  CK(cudaMalloc(&rwf, size_t(k) * 4));
+  CK(cudaMalloc(&idsf, size_t(k) * 4));
+  CK(cudaMalloc(&ticket, 4));
+  CK(cudaMalloc(&sync, 16));
+  CK(cudaMemset(ticket, 0, 4));
+  CK(cudaMemset(sync, 0, 16));
+  DeviceLinear gate;
+  gate.weight = dgate, gate.format = DevFormat::kBF16, gate.out = E, gate.in = D;
+  RouterArgs r;
+  r.logits = logits, r.bias = dbias, r.T = 1, r.E = E, r.k = k, r.func = ScoreFunc::kSqrtSoftplus, r.scaling = 1.5f;
+  r.ids = idsf, r.weights = rwf;
+  auto routed_on = [&](MoeDecodeArgs a, int i, int max_sms, bool with_shared) {
+    a = at(a, i, max_sms, with_shared);
+    a.ids = idsf, a.route_w = rwf, a.x = dxs + size_t(i) * D;
+    return a;
+  };
+  for (int n : {sms / 3, sms / 2}) {
+    auto one = [&](int i, cudaStream_t s) {
+      ok(router_gate_topk(r, gate, dxs + size_t(i) * D, ticket, s));
+      split_form(i, s, n, routed_on);
+    };
+    row("router + split, shared " + std::to_string(n), "the decode step's MoE now", "Q2+Q3+FP8", 1,
+        up_r + down_r + up_s + down_s, graph_us_per_item(batches, one));
+  }
+  MoeDecodeArgs fused = base;
+  fused.act = act;
+  if (!moe_fused_supported(routed_on(fused, 0, 0, true), r, gate)) {
+    std::printf("(the fused launch does not take this layout)\n");
+  } else {
+    auto one = [&](int i, cudaStream_t s) {
+      ok(moe_fused(routed_on(fused, i, 0, true), r, gate, HcCombJob{}, sync, s));
+    };
+    row("moe fused (one launch)", "router + shared + routed", "Q2+Q3+FP8", 1, up_r + down_r + up_s + down_s,
+        graph_us_per_item(batches, one));
+    // Phase times of one launch per block (globaltimer): medians over blocks.
+    constexpr int kStamps = 15;
+    unsigned long long* stamps = nullptr;
+    CK(cudaMalloc(&stamps, size_t(sms) * kStamps * 8));
+    moe_fused_set_stamps(stamps);
+    std::vector<std::vector<double>> ph(kStamps - 1);
+    for (int rep = 0; rep < 9; ++rep) {
+      ok(moe_fused(routed_on(fused, rep, 0, true), r, gate, HcCombJob{}, sync, nullptr));
+      CK(cudaDeviceSynchronize());
+      std::vector<unsigned long long> h(size_t(sms) * kStamps);
+      CK(cudaMemcpy(h.data(), stamps, h.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long t0 = h[0];
+      for (int b = 0; b < sms; ++b) t0 = std::min(t0, h[size_t(b) * kStamps]);
+      for (int b = 0; b < sms; ++b)
+        for (int i = 1; i < kStamps; ++i) {
+          // blocks without down work (or without a phase) leave its stamp at 0
+          const unsigned long long e = h[size_t(b) * kStamps + i];
+          if (e != 0) ph[size_t(i - 1)].push_back(double(e - t0) / 1e3);
+        }
+      CK(cudaMemset(stamps, 0, size_t(sms) * kStamps * 8));
+    }
+    moe_fused_set_stamps(nullptr);
+    cudaFree(stamps);
+    const char* names[kStamps - 1] = {"gate + arrive", "staged",       "shared done", "picks",      "routed issued",
+                                      "routed loop",   "up done",      "down setup",  "down issued", "acts complete",
+                                      "down staged",   "routed down",  "shared down", "end"};
+    std::printf("\nfused launch, per block: when each phase ends (us from the first block's start; "
+                "median / max over blocks and 9 launches)\n");
+    for (int i = 0; i < kStamps - 1; ++i) {
+      std::vector<double>& v = ph[size_t(i)];
+      std::sort(v.begin(), v.end());
+      if (!v.empty()) std::printf("  %-14s %7.2f %7.2f\n", names[i], v[v.size() / 2], v.back());
+    }
+  }
+  cudaFree(dgate), cudaFree(dxs), cudaFree(dbias), cudaFree(logits), cudaFree(rwf), cudaFree(idsf);
+  cudaFree(ticket), cudaFree(sync);
+  cudaStreamDestroy(ss), cudaEventDestroy(fork), cudaEventDestroy(join);
+  cudaFree(dslots), cudaFree(dshared), cudaFree(dids), cudaFree(rw), cudaFree(act), cudaFree(ysh);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool floors = argc > 1 && std::strcmp(argv[1], "--floors") == 0;
+  const bool moe_parts = argc > 1 && std::strcmp(argv[1], "--moe-parts") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; median of %d batches; ceiling %.2f TB/s\n\n", prop.name, prop.multiProcessorCount,
@@ -252,6 +474,10 @@ int main(int argc, char** argv) {
   const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
   const Fmt bf16{"BF16", DevFormat::kBF16, GgmlType::kF32};
   const Fmt mxfp4{"MXFP4", DevFormat::kMXFP4, GgmlType::kF32};
+  if (moe_parts) {
+    bench_moe_parts(x, y);
+    return 0;
+  }
   if (floors) {  // the decode step's FP8 projections against the plain read of their bytes
     uint32_t* sink = nullptr;
     CK(cudaMalloc(&sink, 4));

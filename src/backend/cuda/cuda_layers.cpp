@@ -39,6 +39,9 @@ struct Switches {
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool attn_qfinish = env_switch_on("AFF_CUDA_ATTN_QFINISH");  // the attention finishes its queries (norm, RoPE)
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
+  // Opt-in (=1): the decode MoE in one launch (moe_fused). Correct but slower
+  // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
+  bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -564,6 +567,26 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   return Status::ok();
 }
 
+namespace {
+
+// The router's arguments for a layer (its outputs in the workspace).
+RouterArgs router_args(const DeviceModel& m, const DeviceMoe& w, const int32_t* tokens, int64_t T, Workspace& ws) {
+  const dsv4::ModelConfig& c = m.config;
+  RouterArgs r;
+  r.logits = ws.router_logits.as<float>();
+  r.bias = w.tid2eid ? nullptr : w.gate_bias;
+  r.tid2eid = w.tid2eid, r.tokens = tokens;
+  r.T = T, r.E = c.n_routed_experts, r.k = c.n_experts_per_tok;
+  r.func = c.scoring_func == "sigmoid"   ? ScoreFunc::kSigmoid
+           : c.scoring_func == "softmax" ? ScoreFunc::kSoftmax
+                                         : ScoreFunc::kSqrtSoftplus;
+  r.scaling = float(c.routed_scaling_factor);
+  r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
+  return r;
+}
+
+}  // namespace
+
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
                bool no_routed, float* out, const HcCombJob& job) {
   const dsv4::ModelConfig& c = m.config;
@@ -591,6 +614,18 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   if (!ablated("moe_up")) d.pair_w2 = ws.pair_w2.as<const uint8_t*>();
   const bool decode = T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
                       moe_decode_act_bytes(d) <= int64_t(ws.act.bytes());
+  // Decode of one token: router, shared expert and routed experts in one launch.
+  if (!no_routed && T == 1 && decode && switches().moe_fused && !profiling_enabled() && w.has_shared &&
+      !ablated("router") && !ablated("moe_up") && !ablated("moe_down") && !ablated("shared")) {
+    RouterArgs r = router_args(m, w, tokens, T, ws);
+    MoeDecodeArgs f = d;
+    f.pair_w2 = nullptr;
+    if (moe_decode_streams(f) && moe_fused_supported(f, r, w.gate)) {
+      AFF_RETURN_IF_ERROR(moe_fused(f, r, w.gate, job, ws.moe_sync.as<unsigned>(), s));
+      prof_mark(s, "moe.fused");
+      return Status::ok();
+    }
+  }
   MoeDecodeArgs routed = d, shared_only = d;
   routed.shared_slot = nullptr;
   shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
@@ -608,16 +643,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   }
   bool job_done = false;  // the previous mHC site's deferred comb: beside the router, or on its own
   if (!no_routed && !ablated("router")) {
-    RouterArgs r;
-    r.logits = ws.router_logits.as<float>();
-    r.bias = w.tid2eid ? nullptr : w.gate_bias;
-    r.tid2eid = w.tid2eid, r.tokens = tokens;
-    r.T = T, r.E = c.n_routed_experts, r.k = k;
-    r.func = c.scoring_func == "sigmoid"   ? ScoreFunc::kSigmoid
-             : c.scoring_func == "softmax" ? ScoreFunc::kSoftmax
-                                           : ScoreFunc::kSqrtSoftplus;
-    r.scaling = float(c.routed_scaling_factor);
-    r.ids = ws.route_ids.as<int32_t>(), r.weights = ws.route_w.as<float>();
+    RouterArgs r = router_args(m, w, tokens, T, ws);
     // Decode: gate and top-k in one launch.
     if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {
       AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s, job));

@@ -309,6 +309,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.hc_tickets.data(), 0, w.hc_tickets.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.router_ticket, 1, 4, "workspace"));
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.router_ticket.data(), 0, w.router_ticket.bytes()), "cudaMemset"));
+  AFF_RETURN_IF_ERROR(alloc(w.moe_sync, 3, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.moe_sync.data(), 0, w.moe_sync.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.qr, T * c.q_lora_rank, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));

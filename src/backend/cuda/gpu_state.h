@@ -98,6 +98,7 @@ struct Workspace {
   DeviceBuffer sel, sel_count;          // i32 [T, index_topk], i32 [T]
   DeviceBuffer router_logits;           // [T, E]
   DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
+  DeviceBuffer moe_sync;                // u32 [3], zero between launches (moe_fused's barriers)
   DeviceBuffer route_ids;               // i32 [T, k]
   DeviceBuffer route_w;                 // [T, k]
   DeviceBuffer pair_w2;                 // pointers [T, k]: each routed pair's w2 (MoeDecodeArgs::pair_w2)

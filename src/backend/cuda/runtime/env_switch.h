@@ -13,6 +13,12 @@ inline bool env_switch_on(const char* name) {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// An opt-in switch (a form kept for work in progress): on only when set to "1".
+inline bool env_opt_in(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 // An integer tuning knob: its value when set within [lo, hi], else fallback.
 inline int env_int(const char* name, int fallback, int lo, int hi) {
   const char* e = std::getenv(name);

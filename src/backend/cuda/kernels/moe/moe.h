@@ -104,6 +104,23 @@ inline int64_t moe_decode_act_bytes(const MoeDecodeArgs& a) {
   return (a.T * a.k + (a.shared_slot ? a.T : 0)) * a.inter * 4;
 }
 
+// The decode step's whole MoE in one launch (T = 1): the router (gate and
+// top-k, r's outputs written as router_gate_topk writes them), the shared
+// expert and the routed experts' up and down, out = m.out. Needs m.add null,
+// a BF16 or F32 gate [E, D], and (gate/up, down) in (Q2_K, Q3_K) or
+// (IQ2_XXS, Q2_K). job: a deferred mHC comb it also finishes (or none). sync:
+// 3 u32 counters, zero between launches (the launch leaves them zero). Its
+// blocks are all resident at once (one per SM) and meet at two barriers.
+bool moe_fused_supported(const MoeDecodeArgs& m, const RouterArgs& r, const DeviceLinear& gate);
+Status moe_fused(const MoeDecodeArgs& m, const RouterArgs& r, const DeviceLinear& gate, const HcCombJob& job,
+                 unsigned* sync, cudaStream_t stream);
+// Tuning (aff-bench-gemv): later moe_fused launches write each block's phase
+// times, [grid, 15] globaltimer ns (thread 0's view: start, gate done, shared
+// tiles staged, shared up done, picks known, routed copies issued, routed
+// passes done, up done, down set up, down copies issued, acts complete, down
+// staged, routed down done, shared down done, end), to stamps (device); null
+// turns it off.
+void moe_fused_set_stamps(unsigned long long* stamps);
 Status moe_decode_up(const MoeDecodeArgs& a, cudaStream_t stream);
 // Raises the kernels' dynamic shared-memory limits (launches do it on first use
 // too); call before capturing a graph (upload_model does).

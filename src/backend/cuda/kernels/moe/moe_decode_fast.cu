@@ -26,14 +26,24 @@
 // of the shared expert's 16 x 64 tensor-core units; out[t, d] = sum_j
 // route_w[t, j] y_j + shared, summed in a fixed order at the end of the block.
 //
+// moe_fused_sm90 (T = 1, opt-in): the router, the shared expert and both
+// passes in one launch of one block per SM, the same work as the router
+// launch and the two launches with the shared expert inside (up_body and
+// down_body are shared with them), so the same bits; two grid barriers order
+// the phases. Slower than the launches today (docs/BENCHMARKS.md has its
+// phase timeline); kept as the base of a persistent MoE.
+//
 // Every reduction has a fixed order and no atomics: replays are bit-identical.
 // Grids and shared memory are sized from T, k and the shapes only.
 #include <algorithm>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/grid_sync.cuh"
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/moe/moe_decode_fast.h"
+#include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/kernels/moe/moe_fast.cuh"
+#include "backend/cuda/kernels/moe/route_select.cuh"
 #include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
@@ -95,7 +105,15 @@ struct UpPlan {
   int s_xi;        // 2^-e per (token, 64 columns) [T, D / 64]
   int s_scale;     // w1 then w3 block scales per 64-column step [2][s_srows, D / 64] f32
   int s_red;       // split-K partials [tiles_in_block * kWarps, 4, 32] f32
+  // Fused launch only: the block's shared tiles (w1 rows, then w3 rows, each
+  // kStageLd bytes apart) copied into shared memory at s_stage (in the routed
+  // ring, unused until the picks are known), complete on the barrier at s_sbar.
+  int s_stage = -1, s_sbar = -1;
 };
+
+// Row stride of the staged shared tiles: a row plus 16 bytes, so the 8 rows
+// of an MMA fragment load fall in different banks.
+constexpr int kStagePad = 16;
 
 struct PairRows {
   const uint8_t* w1;
@@ -123,9 +141,14 @@ __device__ __forceinline__ void scale_table(const DeviceLinear& w, int sr0, int 
   }
 }
 
-template <Fmt F, bool kExact>
-__global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
-  extern __shared__ __align__(128) uint8_t smem[];
+// The up launch's work for one block. Standalone (kFused false): the routed
+// ring's first copies go out first, then the shared tiles run while they
+// land. In the fused launch the picks are not known yet when the body starts:
+// the shared tiles run first (their act written), then route() waits for the
+// router's logits, picks the experts and returns the ids ([k] in shared
+// memory), and only then do the routed copies start.
+template <Fmt F, bool kExact, bool kFused, class Route, class Mark>
+__device__ __forceinline__ void up_body(const UpPlan& a, uint8_t* smem, Route route, Mark mark) {
   const MoeDecodeArgs& m = a.m;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int D = int(m.D), inter = int(m.inter), T = int(m.T), k = m.k, nkb = D / 64, ld = D + 8;
@@ -160,17 +183,31 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   }
 
   PairRows* ptr = reinterpret_cast<PairRows*>(smem + a.r_ptr);
-  for (int p = p_lo + int(threadIdx.x); p <= p_hi; p += blockDim.x) {
-    const ExpertSlot& s = m.slots[m.ids[p]];
-    ptr[p - p_lo] = {s.w1.weight, s.w3.weight};
-    if (m.pair_w2 != nullptr) m.pair_w2[p] = s.w2.weight;  // for the down launch (blocks agree on it)
-  }
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + a.r_bar) + warp * kMaxStages;
-  if (has_routed && lane == 0) {
-    for (int st = 0; st < a.stages; ++st) moe_fast::mbar_init(bars + st, 1);
-    moe_fast::mbar_init_fence();
+  // The pairs' row bases and the ring's barriers (the caller syncs after).
+  auto routed_setup = [&](const int32_t* ids) {
+    for (int p = p_lo + int(threadIdx.x); p <= p_hi; p += blockDim.x) {
+      const ExpertSlot& s = m.slots[ids[p]];
+      ptr[p - p_lo] = {s.w1.weight, s.w3.weight};
+      if (m.pair_w2 != nullptr) m.pair_w2[p] = s.w2.weight;  // for the down launch (blocks agree on it)
+    }
+    if (has_routed && lane == 0) {
+      for (int st = 0; st < a.stages; ++st) moe_fast::mbar_init(bars + st, 1);
+      moe_fast::mbar_init_fence();
+    }
+  };
+  auto build_tables = [&](const int32_t* ids) {
+    if constexpr (F == Fmt::kIQ2_XXS) {
+      if (has_routed) {
+        const GgmlTables* tab = reinterpret_cast<const GgmlTables*>(m.slots[ids[p_lo]].w1.tables);
+        moe_fast::iq2_tables_build(tab, smem + a.r_tab);
+      }
+    }
+  };
+  if constexpr (!kFused) {
+    routed_setup(m.ids);
+    __syncthreads();
   }
-  __syncthreads();
 
   // Routed: the first stages of this warp's ring.
   const int64_t rbytes = a.row_bytes, len = int64_t(P) * rbytes;
@@ -188,8 +225,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
     moe_fast::bulk_g2s(st + sg.bytes, su.base, su.bytes, bars + slot);
     prod.advance(jstep, tiles_pair);
   };
-  if (lane == 0)
-    for (int i = 0; i < min(n_steps, a.stages); ++i) issue(i);
+  if constexpr (!kFused) {
+    if (lane == 0)
+      for (int i = 0; i < min(n_steps, a.stages); ++i) issue(i);
+  }
 
   // Shared: the first weight loads of this warp's FP8 steps. Steps run over the
   // block's tiles and, within a tile, this warp's columns ks0 .. ks1 (64 each).
@@ -203,16 +242,32 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
   const uint8_t* p1 = w1.weight + lane0;
   const uint8_t* p3 = w3.weight + lane0;
   int pkb = ks0;
+  // Fused: the same bytes from the staged copy (rows [t0 * 8, t1 * 8) of w1,
+  // then of w3, D + kStagePad bytes apart).
+  const int64_t sld = int64_t(D) + kStagePad, s_rows = int64_t(t1 - t0) * kUpTile;
+  const int64_t s_lane0 = int64_t(g) * sld + int64_t(ks0) * 64 + 16 * c;
+  const int64_t s_tile_jump = int64_t(kUpTile) * sld - int64_t(ks1 - ks0) * 64;
+  const uint8_t* q1 = smem + (kFused ? a.s_stage : 0) + s_lane0;
+  const uint8_t* q3 = q1 + s_rows * sld;
   auto load = [&](uint4 (&b)[2]) {
-    b[0] = ld_stream16(p1);
-    b[1] = ld_stream16(p3);
-    p1 += 64, p3 += 64;
-    if (++pkb == ks1) pkb = ks0, p1 += tile_jump, p3 += tile_jump;
+    if constexpr (kFused) {
+      b[0] = *reinterpret_cast<const uint4*>(q1);
+      b[1] = *reinterpret_cast<const uint4*>(q3);
+      q1 += 64, q3 += 64;
+      if (++pkb == ks1) pkb = ks0, q1 += s_tile_jump, q3 += s_tile_jump;
+    } else {
+      b[0] = ld_stream16(p1);
+      b[1] = ld_stream16(p3);
+      p1 += 64, p3 += 64;
+      if (++pkb == ks1) pkb = ks0, p1 += tile_jump, p3 += tile_jump;
+    }
   };
   uint4 buf[kDepth][2];
+  if constexpr (!kFused) {
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d)
-    if (d < n_fp8) load(buf[d]);
+    for (int d = 0; d < kDepth; ++d)
+      if (d < n_fp8) load(buf[d]);
+  }
 
   // Stage what the block's work reads, while the first weights are in flight.
   const int64_t xstride = moe_fast::q16_bytes(D);
@@ -233,11 +288,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
       reinterpret_cast<float*>(xb + D)[g16] = sc;
       reinterpret_cast<float*>(xb + D + D / 4)[g16] = sum;
     }
-    if constexpr (F == Fmt::kIQ2_XXS) {
-      const GgmlTables* tab = reinterpret_cast<const GgmlTables*>(m.slots[m.ids[p_lo]].w1.tables);
-      moe_fast::iq2_tables_build(tab, smem + a.r_tab);
-    }
   }
+  if constexpr (!kFused) build_tables(m.ids);
   __half* xh = reinterpret_cast<__half*>(smem + a.s_xh);
   __half* xl = reinterpret_cast<__half*>(smem + a.s_xl);
   float* xi = reinterpret_cast<float*>(smem + a.s_xi);
@@ -250,6 +302,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
     scale_table(w3, sr0, a.s_srows, nkb, st3);
   }
   __syncthreads();
+  if constexpr (kFused) {
+    if (has_shared) moe_fast::mbar_wait(reinterpret_cast<uint64_t*>(smem + a.s_sbar), 0);
+    mark(2);
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+      if (d < n_fp8) load(buf[d]);
+  }
 
   // Shared: FP8 tiles on tensor cores; each tile's partial sums parked per warp.
   // They run before the routed passes (whose first stages are in flight) so
@@ -287,7 +346,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
       }
     }
   };
+  // Shared epilogue: sum the warps' column slices in order. Lane (g, c) of a
+  // tile holds gate (C rows g) and up (C rows g + 8) of intermediate row
+  // tile * 8 + g for tokens 2c, 2c + 1.
+  auto shared_epilogue = [&]() {
+    float* act = m.act + int64_t(m.T) * m.k * m.inter;
+    for (int e = threadIdx.x; e < (t1 - t0) * 32; e += blockDim.x) {
+      const int tle = e >> 5, l = e & 31;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int w = 0; w < kWarps; ++w) {
+        if ((w + 1) * nkb / kWarps == w * nkb / kWarps) continue;  // an empty slice (D < 1024) wrote nothing
+#pragma unroll
+        for (int r = 0; r < 4; ++r) v[r] += red[((tle * kWarps + w) * 4 + r) * 32 + l];
+      }
+      const int64_t row = int64_t(t0 + tle) * kUpTile + (l >> 2);
+      const int ta = 2 * (l & 3), tb2 = ta + 1;
+      if (ta < T) act[ta * m.inter + row] = swiglu_clamp(v[0], v[2], m.swiglu_limit);
+      if (tb2 < T) act[tb2 * m.inter + row] = swiglu_clamp(v[1], v[3], m.swiglu_limit);
+    }
+  };
   fp8_steps(0, n_fp8);
+  if constexpr (kFused) {
+    __syncthreads();
+    shared_epilogue();
+    mark(3);
+    const int32_t* ids = route();  // syncs the block
+    routed_setup(ids);
+    build_tables(ids);
+    __syncthreads();
+    if (lane == 0)
+      for (int i = 0; i < min(n_steps, a.stages); ++i) issue(i);
+    mark(5);
+  }
 
   // Routed: stream this warp's passes through its ring.
   const int q = lane / U2, u = lane % U2, sb = u >> 1, h = u & 1;
@@ -353,24 +443,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
     }
   }
   __syncthreads();
-
-  // Shared epilogue: sum the warps' column slices in order. Lane (g, c) of a
-  // tile holds gate (C rows g) and up (C rows g + 8) of intermediate row
-  // tile * 8 + g for tokens 2c, 2c + 1.
-  float* act = m.act + int64_t(m.T) * m.k * m.inter;
-  for (int e = threadIdx.x; e < (t1 - t0) * 32; e += blockDim.x) {
-    const int tle = e >> 5, l = e & 31;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int w = 0; w < kWarps; ++w) {
-      if ((w + 1) * nkb / kWarps == w * nkb / kWarps) continue;  // an empty slice (D < 1024) wrote nothing
-#pragma unroll
-      for (int r = 0; r < 4; ++r) v[r] += red[((tle * kWarps + w) * 4 + r) * 32 + l];
-    }
-    const int64_t row = int64_t(t0 + tle) * kUpTile + (l >> 2);
-    const int ta = 2 * (l & 3), tb2 = ta + 1;
-    if (ta < T) act[ta * m.inter + row] = swiglu_clamp(v[0], v[2], m.swiglu_limit);
-    if (tb2 < T) act[tb2 * m.inter + row] = swiglu_clamp(v[1], v[3], m.swiglu_limit);
-  }
+  mark(6);
+  if constexpr (!kFused) shared_epilogue();
   // Routed epilogue: each job's 16 outputs -> q16 over the pair's act row.
   for (int jj = threadIdx.x; jj < n_jobs; jj += blockDim.x) {
     const int job = j0 + jj, p = job / tiles_pair, r0 = (job % tiles_pair) * kJobRows;
@@ -384,6 +458,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
     reinterpret_cast<float*>(base + inter)[r0 / 16] = sc;
     reinterpret_cast<float*>(base + inter + inter / 4)[r0 / 16] = sum;
   }
+  if constexpr (kFused) {  // the fused launch reuses this memory for the down's ring
+    if (has_routed && lane == 0)
+      for (int st = 0; st < a.stages; ++st) moe_fast::mbar_inval(bars + st);
+  }
+}
+
+template <Fmt F, bool kExact>
+__global__ void __launch_bounds__(kThreads, 1) moe_up_fast_sm90(UpPlan a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  up_body<F, kExact, false>(a, smem, [] { return static_cast<const int32_t*>(nullptr); }, [](int) {});
 }
 
 // ---- down -------------------------------------------------------------------------------
@@ -409,9 +493,15 @@ struct DownPlan {
 // 64 columns on tensor cores) and then of its routed passes (streamed through
 // the warp's ring, whose first stages are in flight during the FP8 work), so
 // warps finish together whatever the mix of formats.
-template <Fmt F, bool kExact>
-__global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
-  extern __shared__ __align__(128) uint8_t smem[];
+// The down launch's work for one block (which must own rows: blockIdx.x *
+// rows_block < D). ids / route_w: the picks and their weights (global, or the
+// fused launch's shared-memory copies). In the fused launch the acts are not
+// complete when the body starts: the weight copies and the shared expert's
+// first loads go out, then wait() returns once every block's up work is
+// visible, and only then are the acts read.
+template <Fmt F, bool kExact, bool kFused, class Wait, class Mark>
+__device__ __forceinline__ void down_body(const DownPlan& a, uint8_t* smem, const int32_t* ids, const float* route_w,
+                                          Wait wait, Mark mark) {
   const MoeDecodeArgs& m = a.m;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int D = int(m.D), inter = int(m.inter), T = int(m.T), k = m.k, n_routed = T * k;
@@ -434,25 +524,28 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   moe_fast::XUnit x;
   const int first_p = n_steps > 0 ? s0 / ppp : -1, last_p = n_steps > 0 ? (s0 + n_steps - 1) / ppp : -1;
   auto act_of = [&](int p) { return reinterpret_cast<const uint8_t*>(m.act) + int64_t(p) * inter * 4; };
-  if (first_p >= 0 && active) {
-    const uint8_t* base = act_of(first_p);
-    moe_fast::load_xunit<F>(base, reinterpret_cast<const float*>(base + inter),
-                            reinterpret_cast<const float*>(base + inter + inter / 4), u, x);
-  }
-  if (last_p != first_p && active) {
-    const uint8_t* base = act_of(last_p);
-    moe_fast::prefetch_l1(base + 128 * u);
-    moe_fast::prefetch_l1(base + inter + 32 * u);
-    moe_fast::prefetch_l1(base + inter + inter / 4 + 32 * u);
-  }
+  auto load_acts = [&]() {
+    if (first_p >= 0 && active) {
+      const uint8_t* base = act_of(first_p);
+      moe_fast::load_xunit<F>(base, reinterpret_cast<const float*>(base + inter),
+                              reinterpret_cast<const float*>(base + inter + inter / 4), u, x);
+    }
+    if (last_p != first_p && active) {
+      const uint8_t* base = act_of(last_p);
+      moe_fast::prefetch_l1(base + 128 * u);
+      moe_fast::prefetch_l1(base + inter + 32 * u);
+      moe_fast::prefetch_l1(base + inter + inter / 4 + 32 * u);
+    }
+  };
+  if constexpr (!kFused) load_acts();
   const float add0 = m.add != nullptr && int(threadIdx.x) < T * RB
                          ? m.add[int64_t(int(threadIdx.x) / RB) * D + d0 + int(threadIdx.x) % RB]
                          : 0.0f;
-  if (threadIdx.x == 0 && n_routed > 0) moe_fast::prefetch_l1(m.route_w);
+  if (!kFused && threadIdx.x == 0 && n_routed > 0) moe_fast::prefetch_l1(route_w);
 
   const uint8_t** ptr = reinterpret_cast<const uint8_t**>(smem + a.o_ptr);
   for (int p = threadIdx.x; p < n_routed; p += blockDim.x)
-    ptr[p] = m.pair_w2 != nullptr ? m.pair_w2[p] : m.slots[m.ids[p]].w2.weight;
+    ptr[p] = m.pair_w2 != nullptr ? m.pair_w2[p] : m.slots[ids[p]].w2.weight;
   float* red = reinterpret_cast<float*>(smem + a.o_red);
   if (m.shared_slot)  // warps with no unit of a tile leave its slots at zero
     for (int e = threadIdx.x; e < tiles * kWarps * kRedSlot; e += blockDim.x) red[e] = 0.0f;
@@ -462,6 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
     moe_fast::mbar_init_fence();
   }
   __syncthreads();
+  mark(8);
 
   const int64_t rbytes = a.row_bytes, len = int64_t(P) * rbytes;
   const int ring0 = a.o_ring + warp * a.stages * a.stage_bytes;
@@ -472,8 +566,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
     moe_fast::bulk_g2s(smem + ring0 + slot * a.stage_bytes, sp.base, sp.bytes, bars + slot);
     if (++pq == ppp) pq = 0, ++pp;
   };
-  if (lane == 0)
-    for (int i = 0; i < min(n_steps, a.stages); ++i) issue(i);
+  auto issue_first = [&]() {
+    if (lane == 0)
+      for (int i = 0; i < min(n_steps, a.stages); ++i) issue(i);
+  };
+  // Fused: after the shared expert's first loads and scales (which would
+  // otherwise queue behind these copies and the block's barrier wait).
+  if constexpr (!kFused) issue_first();
 
   // Shared units (tile, kb), tile-major; warp w takes a contiguous range. A rows
   // g and g + 8 are output rows d0 + tile * 16 + g (+ 8).
@@ -503,11 +602,27 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   float* xi = reinterpret_cast<float*>(smem + a.o_xi);
   float* stab = reinterpret_cast<float*>(smem + a.o_scale);
   const int sr0 = m.shared_slot ? d0 / w2s.block : 0;
-  if (m.shared_slot) {
-    moe_fast::stage_f16_pairs<kExact>(m.act + int64_t(n_routed) * inter, inter, T, inter, xh, xl, ld, xi);
-    scale_table(w2s, sr0, (RB - 1) / w2s.block + 2, nkb, stab);
+  auto stage_shared_act = [&]() {
+    if (m.shared_slot)
+      moe_fast::stage_f16_pairs<kExact>(m.act + int64_t(n_routed) * inter, inter, T, inter, xh, xl, ld, xi);
+  };
+  auto stage_scales = [&]() {
+    if (m.shared_slot) scale_table(w2s, sr0, (RB - 1) / w2s.block + 2, nkb, stab);
+  };
+  if constexpr (kFused) {
+    stage_scales();
+    issue_first();
+    mark(9);
+    wait();
+    mark(10);
+    load_acts();
+    stage_shared_act();
+  } else {
+    stage_shared_act();
+    stage_scales();
   }
   __syncthreads();
+  mark(11);
 
   float* yr = reinterpret_cast<float*>(smem + a.o_yr);
   {
@@ -547,6 +662,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
       if (++slot == a.stages) slot = 0, parity ^= 1u;
     }
   }
+  mark(12);
   // Shared expert last: its first loads were issued before staging and have landed.
   if (nf > 0) {
     const int tb = min(g, T - 1), tc0 = min(2 * c, T - 1), tc1 = min(2 * c + 1, T - 1);
@@ -584,12 +700,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
   }
 
   __syncthreads();
+  mark(13);
 
   // out[t, d] = sum_j route_w[t, j] * y_j (j in order) + shared (warps' parts in order).
   for (int e = threadIdx.x; e < T * RB; e += blockDim.x) {
     const int t = e / RB, i = e % RB;
     float v = 0.0f;
-    for (int j = 0; j < k; ++j) v = fmaf(m.route_w[t * k + j], yr[(t * k + j) * a.rows_block + i], v);
+    for (int j = 0; j < k; ++j) v = fmaf(route_w[t * k + j], yr[(t * k + j) * a.rows_block + i], v);
     if (m.shared_slot) {
       const int tile = i / kDownTile, ii = i % kDownTile;
       const int l = (ii & 7) * 4 + t / 2, r = (ii >> 3) * 2 + (t & 1);
@@ -600,6 +717,146 @@ __global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
     if (m.add) v += e == int(threadIdx.x) ? add0 : m.add[int64_t(t) * D + d0 + i];
     m.out[int64_t(t) * D + d0 + i] = v;
   }
+}
+
+template <Fmt F, bool kExact>
+__global__ void __launch_bounds__(kThreads, 1) moe_down_fast_sm90(DownPlan a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  down_body<F, kExact, false>(a, smem, a.m.ids, a.m.route_w, [] {}, [](int) {});
+}
+
+// ---- fused: router, shared expert, routed up and down in one launch ---------------------
+//
+// One block per SM, all resident (the grid is the SM count and each block
+// takes most of an SM's shared memory). Two grid barriers order the phases,
+// and each block does useful work between arriving and waiting:
+//   1. the gate: each block its ~E / grid rows (kGateSplit warps a row, the
+//      router launch's slices, so the logits are the same bits); arrive;
+//   2. the shared expert's up tiles (no routing needed), their act written;
+//   3. wait for every block's logits; every block picks the experts itself
+//      (warp 0, route_token: the same picks everywhere) and block 0 writes
+//      them out; the routed up jobs, their acts written; arrive;
+//   4. the down's weight copies and the shared expert's first w2 loads go
+//      out, then the wait for every block's acts; the down as the down launch.
+// Against router + up + down launches (and the shared expert beside them on
+// half the SMs), this pays one launch's ramp and drain instead of three, and
+// the router's latency is spent streaming the shared expert.
+
+struct FusedPlan {
+  UpPlan up;
+  DownPlan down;
+  RouterArgs r;           // T = 1; r.logits, r.ids, r.weights written
+  const uint8_t* gate;    // [E, D] BF16 (gate_bf16) or F32
+  bool gate_bf16;
+  HcCombJob job;          // a deferred mHC comb, finished by the last block, or none
+  unsigned* sync;         // [3], zero between launches: gate arrivals, up arrivals, departures
+  int f_base;             // byte offset of the fused region (after the up and down layouts)
+  unsigned long long* stamps;  // [grid, kFusedStamps] phase times (ns) for tuning, or null
+};
+
+constexpr int kFusedStamps = 15;
+__device__ __forceinline__ void fused_stamp(const FusedPlan& f, int i) {
+  if (f.stamps != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    f.stamps[blockIdx.x * kFusedStamps + i] = t;
+  }
+}
+
+constexpr int kFusedPart = 64;  // gate slice sums a block keeps: rows per block x kGateSplit
+
+template <bool kBf16>
+__device__ __forceinline__ void fused_gate(const FusedPlan& f, float* part) {
+  const RouterArgs& r = f.r;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nb = int(gridDim.x);
+  const int e0 = int(int64_t(blockIdx.x) * r.E / nb), e1 = int(int64_t(blockIdx.x + 1) * r.E / nb);
+  const int64_t D = f.up.m.D;
+  for (int rr = warp / kGateSplit; e0 + rr < e1; rr += kWarps / kGateSplit) {  // warp-uniform
+    GateSlice<kBf16> gs(f.gate, D, e0 + rr, true, warp % kGateSplit);
+    gs.prefetch(lane);
+    float acc[kGateMaxT];
+    gs.dot(f.up.m.x, D, 1, lane, acc);
+    if (lane == 0) part[rr * kGateSplit + warp % kGateSplit] = acc[0];
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < e1 - e0) {
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kGateSplit; ++q) v += part[threadIdx.x * kGateSplit + q];
+    r.logits[e0 + int(threadIdx.x)] = v;
+  }
+}
+
+template <Fmt FU, Fmt FD, bool kExact>
+__global__ void __launch_bounds__(kThreads, 1) moe_fused_sm90(FusedPlan f) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const RouterArgs& r = f.r;
+  float* part = reinterpret_cast<float*>(smem + f.f_base);
+  float* lg = part + kFusedPart;
+  float* sc = lg + r.E;
+  float* biased = sc + r.E;
+  int32_t* sel = reinterpret_cast<int32_t*>(biased + r.E);
+  int32_t* ids = sel + 32;
+  float* w = reinterpret_cast<float*>(ids + 32);
+  const unsigned nb = gridDim.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  fused_stamp(f, 0);
+  // The shared expert's up tiles need no routing: their bytes start moving now
+  // (one bulk copy per row), and land while the gate and its barrier run.
+  {
+    const UpPlan& u = f.up;
+    const int bsh = int(blockIdx.x) - u.shared_first;
+    if (threadIdx.x == 0 && bsh >= 0 && bsh < u.shared_blocks) {
+      const int t0 = int(int64_t(bsh) * u.tiles / u.shared_blocks);
+      const int t1 = int(int64_t(bsh + 1) * u.tiles / u.shared_blocks);
+      const int64_t D = u.m.D, rows = int64_t(t1 - t0) * kUpTile, sld = D + kStagePad;
+      uint64_t* bar = reinterpret_cast<uint64_t*>(smem + u.s_sbar);
+      moe_fast::mbar_init(bar, 1);
+      moe_fast::mbar_init_fence();
+      moe_fast::mbar_expect_tx(bar, uint32_t(2 * rows * D));
+      const uint8_t* w1 = u.m.shared_slot->w1.weight + int64_t(t0) * kUpTile * D;
+      const uint8_t* w3 = u.m.shared_slot->w3.weight + int64_t(t0) * kUpTile * D;
+      uint8_t* dst = smem + u.s_stage;
+      for (int64_t r = 0; r < rows; ++r) {
+        moe_fast::bulk_g2s(dst + r * sld, w1 + r * D, uint32_t(D), bar);
+        moe_fast::bulk_g2s(dst + (rows + r) * sld, w3 + r * D, uint32_t(D), bar);
+      }
+    }
+  }
+
+  if (f.gate_bf16) fused_gate<true>(f, part);
+  else fused_gate<false>(f, part);
+  grid_arrive(f.sync);
+  fused_stamp(f, 1);
+
+  auto route = [&]() -> const int32_t* {
+    grid_wait(f.sync, nb);
+    if (warp == 0) {
+      for (int i = lane; i < r.E; i += 32) lg[i] = __ldcg(r.logits + i);
+      __syncwarp();
+      route_token(r, 0, lg, sc, biased, sel, ids, w);
+      __syncwarp();
+      if (blockIdx.x == 0 && lane < r.k) r.ids[lane] = ids[lane], r.weights[lane] = w[lane];
+    }
+    __syncthreads();
+    fused_stamp(f, 4);
+    return ids;
+  };
+  auto mark = [&](int i) { fused_stamp(f, i); };
+  up_body<FU, kExact, true>(f.up, smem, route, mark);
+  fused_stamp(f, 7);
+  grid_arrive(f.sync + 1);
+
+  // The comb's Sinkhorn (only the next mHC site reads it) while the acts complete.
+  if (f.job.comb != nullptr && blockIdx.x == nb - 1 && warp == 0) hc_comb_job_run(f.job);
+  if (int64_t(blockIdx.x) * f.down.rows_block < f.down.m.D)
+    down_body<FD, kExact, true>(f.down, smem, ids, w, [&] { grid_wait(f.sync + 1, nb); }, mark);
+
+  // Every block is past both waits once all have left: the last resets the counters.
+  __syncthreads();
+  fused_stamp(f, 14);
+  if (threadIdx.x == 0 && atomicAdd(f.sync + 2, 1u) == nb - 1) f.sync[0] = 0u, f.sync[1] = 0u, f.sync[2] = 0u;
 }
 
 // ---- host -------------------------------------------------------------------------------
@@ -641,7 +898,7 @@ int stage_bytes_for(int64_t rows_bytes, int copies) { return int(align_up(copies
 // (at least 2 stages, or the plan is refused). Routed and shared regions sit
 // side by side in mixed plans and overlap in split plans (a block does one kind).
 bool up_layout(const MoeDecodeArgs& m, Fmt f, int64_t tiles_pb, int64_t jobs_pb, bool overlap, UpPlan& a,
-               int64_t& smem) {
+               int64_t& smem, int64_t limit) {
   const int64_t T = m.T, D = m.D, inter = m.inter;
   int64_t o = 0, shared_end = 0;
   if (tiles_pb > 0) {
@@ -664,14 +921,15 @@ bool up_layout(const MoeDecodeArgs& m, Fmt f, int64_t tiles_pb, int64_t jobs_pb,
     a.r_bar = int(o), o += kWarps * kMaxStages * 8;
     a.r_ring = int(o);
     a.stage_bytes = stage_bytes_for(P * a.row_bytes, 2);
-    a.stages = int(std::min<int64_t>(kMaxStages, (kSmemMax - o) / (int64_t(kWarps) * a.stage_bytes)));
+    a.stages = int(std::min<int64_t>(kMaxStages, (limit - o) / (int64_t(kWarps) * a.stage_bytes)));
     if (a.stages < 2) return false;
     smem = std::max(smem, o + int64_t(kWarps) * a.stages * a.stage_bytes);
   }
-  return smem <= kSmemMax;
+  return smem <= limit;
 }
 
-bool plan_up(const MoeDecodeArgs& m, int sms, UpPlan& a, int64_t& smem, int& blocks) {
+// limit: the shared memory the plan may use (the fused launch keeps some).
+bool plan_up(const MoeDecodeArgs& m, int sms, UpPlan& a, int64_t& smem, int& blocks, int64_t limit = kSmemMax) {
   a = UpPlan{};
   a.m = m;
   if (sms < 2) return false;
@@ -693,7 +951,7 @@ bool plan_up(const MoeDecodeArgs& m, int sms, UpPlan& a, int64_t& smem, int& blo
     t.routed_first = 0, t.routed_blocks = int(std::min<int64_t>(g, jobs));
     const int64_t tpb = t.shared_blocks ? ceil_div(tiles, t.shared_blocks) : 0;
     const int64_t jpb = t.routed_blocks ? ceil_div(jobs, t.routed_blocks) : 0;
-    if (up_layout(m, f, tpb, jpb, false, t, smem)) {
+    if (up_layout(m, f, tpb, jpb, false, t, smem, limit)) {
       a = t, blocks = g;
       return true;
     }
@@ -707,7 +965,7 @@ bool plan_up(const MoeDecodeArgs& m, int sms, UpPlan& a, int64_t& smem, int& blo
   for (int b = 1; b < sms; ++b) {
     UpPlan t = a;
     int64_t sm = 0;
-    if (!up_layout(m, f, ceil_div(tiles, b), ceil_div(jobs, sms - b), true, t, sm)) continue;
+    if (!up_layout(m, f, ceil_div(tiles, b), ceil_div(jobs, sms - b), true, t, sm, limit)) continue;
     const double c = std::max(double(ceil_div(tiles, b)) * cs, double(ceil_div(jobs, sms - b)) * cr);
     if (bs == 0 || c < best) best = c, bs = b;
   }
@@ -716,10 +974,10 @@ bool plan_up(const MoeDecodeArgs& m, int sms, UpPlan& a, int64_t& smem, int& blo
   bs = int(std::min<int64_t>(bs, tiles));
   a.shared_first = 0, a.shared_blocks = bs, a.routed_first = bs, a.routed_blocks = br;
   blocks = bs + br;
-  return up_layout(m, f, ceil_div(tiles, bs), ceil_div(jobs, br), true, a, smem);
+  return up_layout(m, f, ceil_div(tiles, bs), ceil_div(jobs, br), true, a, smem, limit);
 }
 
-bool plan_down(const MoeDecodeArgs& m, int sms, DownPlan& a, int64_t& smem, int& blocks) {
+bool plan_down(const MoeDecodeArgs& m, int sms, DownPlan& a, int64_t& smem, int& blocks, int64_t limit = kSmemMax) {
   a = DownPlan{};
   a.m = m;
   const int64_t T = m.T, D = m.D, inter = m.inter, n_routed = T * m.k;
@@ -745,13 +1003,55 @@ bool plan_down(const MoeDecodeArgs& m, int sms, DownPlan& a, int64_t& smem, int&
   a.o_bar = int(o), o += kWarps * kMaxStages * 8;
   a.o_ring = int(o);
   a.stage_bytes = stage_bytes_for(P * rb, 1);
-  a.stages = n_routed > 0 ? int(std::min<int64_t>(kMaxStages, (kSmemMax - o) / (int64_t(kWarps) * a.stage_bytes))) : 0;
+  a.stages = n_routed > 0 ? int(std::min<int64_t>(kMaxStages, (limit - o) / (int64_t(kWarps) * a.stage_bytes))) : 0;
   if (n_routed > 0 && a.stages < 2) return false;
   smem = o + int64_t(kWarps) * a.stages * a.stage_bytes;
-  return smem <= kSmemMax;
+  return smem <= limit;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Fused region bytes: slice sums, logits, scores, biased scores [E] each,
+// then sel, ids, weights [32] each.
+// The last 128 bytes hold the shared tiles' staging barrier.
+int64_t fused_region_bytes(int E) { return align_up((kFusedPart + 3 * int64_t(E)) * 4 + 3 * 32 * 4, 128) + 128; }
+
+bool plan_fused(const MoeDecodeArgs& m, const RouterArgs& r, const DeviceLinear& gate, int sms, FusedPlan& f,
+                int64_t& smem) {
+  f = FusedPlan{};
+  if (m.T != 1 || r.T != 1 || m.k < 1 || m.k > 32 || r.k != m.k) return false;
+  if (m.shared_slot == nullptr || m.add != nullptr) return false;
+  const bool bf16 = gate.format == DevFormat::kBF16;
+  if (!bf16 && gate.format != DevFormat::kF32) return false;
+  if (gate.out != r.E || gate.in != m.D || gate.in % ((bf16 ? 8 : 4) * 32) != 0) return false;
+  if (!aligned16(gate.weight)) return false;
+  if (r.E < m.k || (int64_t(r.E) + sms - 1) / sms * kGateSplit > kFusedPart) return false;
+  Fmt fu = Fmt::kQ2_K, fd = Fmt::kQ2_K;
+  if (!fmt_of(m.routed_ggml_up, fu) || !fmt_of(m.routed_ggml_down, fd)) return false;
+  if (!((fu == Fmt::kQ2_K && fd == Fmt::kQ3_K) || (fu == Fmt::kIQ2_XXS && fd == Fmt::kQ2_K))) return false;
+  const int64_t fb = fused_region_bytes(r.E), limit = kSmemMax - fb;
+  int64_t su = 0, sd = 0;
+  int bu = 0, bd = 0;
+  MoeDecodeArgs mm = m;
+  mm.pair_w2 = nullptr, mm.max_sms = 0;
+  if (!plan_up(mm, sms, f.up, su, bu, limit) || !plan_down(mm, sms, f.down, sd, bd, limit)) return false;
+  if (bu > sms || bd > sms) return false;
+  f.r = r, f.gate = gate.weight, f.gate_bf16 = bf16;
+  f.f_base = int(align_up(std::max(su, sd), 128));
+  smem = f.f_base + fb;
+  // The shared tiles' staging: in the routed ring (free until the picks), or
+  // after the routed regions when the block has no routed jobs.
+  const UpPlan& u = f.up;
+  if (u.shared_blocks > 0) {
+    const int64_t tpb = (u.tiles + u.shared_blocks - 1) / u.shared_blocks;
+    const int64_t stage = 2 * tpb * kUpTile * (m.D + kStagePad);
+    const int64_t ring = u.routed_blocks > 0 ? int64_t(kWarps) * u.stages * u.stage_bytes : 0;
+    if (u.routed_blocks == 0 || u.routed_first != u.shared_first || stage > ring) return false;
+    f.up.s_stage = u.r_ring;
+    f.up.s_sbar = f.f_base + int(fb) - 128;  // the fused region's last 128 bytes
+  }
+  return smem <= kSmemMax;
+}
 
 using UpKernel = void (*)(UpPlan);
 using DownKernel = void (*)(DownPlan);
@@ -768,6 +1068,14 @@ UpKernel up_kernel(Fmt f, bool exact) {
 DownKernel down_kernel(Fmt f, bool exact) {
   if (f == Fmt::kQ3_K) return exact ? moe_down_fast_sm90<Fmt::kQ3_K, true> : moe_down_fast_sm90<Fmt::kQ3_K, false>;
   return exact ? moe_down_fast_sm90<Fmt::kQ2_K, true> : moe_down_fast_sm90<Fmt::kQ2_K, false>;
+}
+
+using FusedKernel = void (*)(FusedPlan);
+
+FusedKernel fused_kernel(Fmt fu, bool exact) {  // (fu, fd): (Q2_K, Q3_K) or (IQ2_XXS, Q2_K), as plan_fused allows
+  if (fu == Fmt::kIQ2_XXS)
+    return exact ? moe_fused_sm90<Fmt::kIQ2_XXS, Fmt::kQ2_K, true> : moe_fused_sm90<Fmt::kIQ2_XXS, Fmt::kQ2_K, false>;
+  return exact ? moe_fused_sm90<Fmt::kQ2_K, Fmt::kQ3_K, true> : moe_fused_sm90<Fmt::kQ2_K, Fmt::kQ3_K, false>;
 }
 
 Status allow_smem(const void* kernel) { return raise_smem_limit(kernel, int(kSmemMax)); }
@@ -824,12 +1132,44 @@ Status moe_fast_down(const MoeDecodeArgs& m, cudaStream_t stream) {
   return launch_status("moe_down_fast_sm90");
 }
 
+namespace {
+unsigned long long* g_fused_stamps = nullptr;
+}  // namespace
+
+void moe_fused_set_stamps(unsigned long long* stamps) { g_fused_stamps = stamps; }
+
+bool moe_fused_supported(const MoeDecodeArgs& m, const RouterArgs& r, const DeviceLinear& gate) {
+  if (!moe_fast_supported(m)) return false;
+  FusedPlan f;
+  int64_t smem = 0;
+  return plan_fused(m, r, gate, current_device_multiprocessors(), f, smem);
+}
+
+Status moe_fused(const MoeDecodeArgs& m, const RouterArgs& r, const DeviceLinear& gate, const HcCombJob& job,
+                 unsigned* sync, cudaStream_t stream) {
+  FusedPlan f;
+  int64_t smem = 0;
+  const int sms = current_device_multiprocessors();
+  if (!moe_fast_supported(m) || !plan_fused(m, r, gate, sms, f, smem)) return internal_error("moe_fused: unsupported");
+  if (sync == nullptr) return internal_error("moe_fused: no barrier counters");
+  f.job = job, f.sync = sync, f.stamps = g_fused_stamps;
+  Fmt fu = Fmt::kQ2_K;
+  fmt_of(m.routed_ggml_up, fu);
+  const FusedKernel kernel = fused_kernel(fu, mma_precision() != MmaPrecision::kBf16);
+  AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(kernel)));
+  kernel<<<unsigned(sms), kThreads, size_t(smem), stream>>>(f);
+  return launch_status("moe_fused_sm90");
+}
+
 Status moe_fast_prepare() {
   for (Fmt f : {Fmt::kQ2_K, Fmt::kQ3_K, Fmt::kIQ2_XXS})
     for (bool exact : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(up_kernel(f, exact))));
   for (Fmt f : {Fmt::kQ2_K, Fmt::kQ3_K})
     for (bool exact : {true, false})
       AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(down_kernel(f, exact))));
+  for (Fmt f : {Fmt::kQ2_K, Fmt::kIQ2_XXS})
+    for (bool exact : {true, false})
+      AFF_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(fused_kernel(f, exact))));
   return Status::ok();
 }
 

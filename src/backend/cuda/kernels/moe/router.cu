@@ -5,83 +5,19 @@
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/kernels/moe/route_select.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
 
 namespace aff::cuda {
 namespace {
 
-__device__ __forceinline__ float score_of(ScoreFunc f, float x) {
-  if (f == ScoreFunc::kSigmoid) return 1.0f / (1.0f + expf(-x));
-  // sqrt(softplus(x)) with PyTorch's softplus threshold (identity above 20).
-  return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-}
-
-// One warp routes token t from its logits lg: [E] (global or shared memory):
-// scores, k picks of score + bias (ties: lower id) or the hash table's, and
-// the normalised weights into a.ids / a.weights. s, biased: [E] shared
-// scratch of this warp; sel: [32] shared.
-__device__ void route_token(const RouterArgs& a, int64_t t, const float* lg, float* s, float* biased, int32_t* sel) {
-  const int lane = threadIdx.x & 31;
-  if (a.func == ScoreFunc::kSoftmax) {
-    float m = -FLT_MAX;
-    for (int e = lane; e < a.E; e += 32) m = fmaxf(m, lg[e]);
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int e = lane; e < a.E; e += 32) {
-      s[e] = expf(lg[e] - m);
-      sum += s[e];
-    }
-    sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
-    for (int e = lane; e < a.E; e += 32) s[e] *= inv;
-  } else {
-    for (int e = lane; e < a.E; e += 32) s[e] = score_of(a.func, lg[e]);
-  }
-  __syncwarp();
-
-  // The picks stay in shared memory: reading them back from the global output
-  // costs an L2 round trip per expert.
-  if (a.tid2eid) {
-    if (lane < a.k) sel[lane] = a.tid2eid[int64_t(a.tokens[t]) * a.k + lane];
-  } else {
-    for (int e = lane; e < a.E; e += 32) biased[e] = s[e] + (a.bias ? a.bias[e] : 0.0f);
-    __syncwarp();
-    for (int i = 0; i < a.k; ++i) {
-      float best = -INFINITY;
-      int best_id = 0x7fffffff;
-      for (int e = lane; e < a.E; e += 32) {
-        const float v = biased[e];
-        if (v > best || (v == best && e < best_id)) best = v, best_id = e;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
-        if (ov > best || (ov == best && oid < best_id)) best = ov, best_id = oid;
-      }
-      if (lane == 0) {
-        sel[i] = best_id;
-        biased[best_id] = -INFINITY;
-      }
-      __syncwarp();
-    }
-  }
-  __syncwarp();
-  // Sum in pick order (as the reference), every lane the same; lane i writes pick i.
-  float sum = 0.0f;
-  for (int i = 0; i < a.k; ++i) sum += s[sel[i]];
-  if (lane < a.k) {
-    a.ids[t * a.k + lane] = sel[lane];
-    a.weights[t * a.k + lane] = s[sel[lane]] / (sum + 1e-20f) * a.scaling;
-  }
-}
-
 __global__ void router_topk_f32_sm90(RouterArgs a) {
   pdl_start();  // runtime/pdl.h: nothing in this kernel runs before the wait
   extern __shared__ float smem[];
   __shared__ int32_t sel[32];
-  route_token(a, blockIdx.x, a.logits + int64_t(blockIdx.x) * a.E, smem, smem + a.E, sel);
+  const int64_t t = blockIdx.x;
+  route_token(a, t, a.logits + t * a.E, smem, smem + a.E, sel, a.ids + t * a.k, a.weights + t * a.k);
 }
 
 // Decode router in one launch: kGateSplit warps share gate row e, each a
@@ -93,9 +29,8 @@ __global__ void router_topk_f32_sm90(RouterArgs a) {
 // rows: a warp per row put V4's 2 MB gate on 32 SMs, whose own load
 // bandwidth then set the time; split four ways it spreads over 128.
 constexpr int kGateWarps = 8;
-constexpr int kGateSplit = 4;                       // warps per gate row
+static_assert(kGateWarps <= kGateMaxT, "a block routes one token per warp");
 constexpr int kGateRows = kGateWarps / kGateSplit;  // gate rows per block
-constexpr int kGateBatch = 8;  // 16-byte loads in flight per lane
 template <bool kBf16>
 __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterArgs a, const uint8_t* gate, int64_t D,
                                                                          const float* x, unsigned* ticket,
@@ -113,61 +48,17 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = int(blockIdx.x) * kGateRows + warp / kGateSplit, slice = warp % kGateSplit;
-  const bool row_ok = e < a.E;
-  constexpr int kPer = kBf16 ? 8 : 4;  // values per 16-byte load
-  const int64_t n16 = D / kPer;
-  const int64_t c_begin = n16 * slice / kGateSplit, c_end = n16 * (slice + 1) / kGateSplit;
-  const uint8_t* row = gate + (row_ok ? int64_t(e) : 0) * D * (kBf16 ? 2 : 4);
-  uint4 wv[kGateBatch];
-#pragma unroll
-  for (int j = 0; j < kGateBatch; ++j)
-    if (row_ok && c_begin + lane + 32 * j < c_end) wv[j] = ld_stream16(row + (c_begin + lane + 32 * j) * 16);
+  GateSlice<kBf16> gs(gate, D, e, e < a.E, slice);
+  gs.prefetch(lane);
   pdl_launch_dependents();
   pdl_wait();  // x is the previous kernel's output
-
   const int T = int(a.T);
-  float acc[kGateWarps] = {};
-  for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
-    if (base > c_begin) {
-#pragma unroll
-      for (int j = 0; j < kGateBatch; ++j)
-        if (row_ok && base + lane + 32 * j < c_end) wv[j] = ld_stream16(row + (base + lane + 32 * j) * 16);
-    }
-#pragma unroll
-    for (int j = 0; j < kGateBatch; ++j) {
-      const int64_t c = base + lane + 32 * j;
-      if (!row_ok || c >= c_end) continue;
-      float wf[kPer];
-      const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (kBf16) {
-          wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
-          wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
-        } else {
-          wf[i] = __uint_as_float(u[i]);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kGateWarps; ++t) {
-        if (t >= T) break;
-        const float4* xp = reinterpret_cast<const float4*>(x + int64_t(t) * D + c * kPer);
-#pragma unroll
-        for (int q = 0; q < kPer / 4; ++q) {
-          const float4 xv = xp[q];
-          acc[t] = fmaf(wf[4 * q], xv.x, acc[t]);
-          acc[t] = fmaf(wf[4 * q + 1], xv.y, acc[t]);
-          acc[t] = fmaf(wf[4 * q + 2], xv.z, acc[t]);
-          acc[t] = fmaf(wf[4 * q + 3], xv.w, acc[t]);
-        }
-      }
-    }
-  }
+  float acc[kGateMaxT];
+  gs.dot(x, D, T, lane, acc);
 #pragma unroll
   for (int t = 0; t < kGateWarps; ++t) {
     if (t >= T) break;
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) slice_sum[warp][t] = v;
+    if (lane == 0) slice_sum[warp][t] = acc[t];
   }
   __syncthreads();
   // A row's slices added in slice order (deterministic), a thread per (row, token).
@@ -193,7 +84,9 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   for (int i = threadIdx.x; i < T * a.E; i += blockDim.x) lg[i] = __ldcg(a.logits + i);
   if (threadIdx.x == 0) *ticket = 0u;
   __syncthreads();
-  if (warp < T) route_token(a, warp, lg + int64_t(warp) * a.E, smem + 2 * warp * a.E, smem + (2 * warp + 1) * a.E, sel[warp]);
+  if (warp < T)
+    route_token(a, warp, lg + int64_t(warp) * a.E, smem + 2 * warp * a.E, smem + (2 * warp + 1) * a.E, sel[warp],
+                a.ids + int64_t(warp) * a.k, a.weights + int64_t(warp) * a.k);
 }
 
 }  // namespace

@@ -1,0 +1,213 @@
+// Device pieces of the decode router, shared by the router launch
+// (router.cu) and the fused decode MoE (moe_decode_fast.cu), so both compute
+// the same logits and picks bit for bit:
+//  - GateSlice: one warp's slice of one gate row against T tokens (BF16 or F32
+//    weights, f32 FMAs, 16-byte streaming loads; the first batch can be issued
+//    before the launch waits for its input);
+//  - route_token: one warp routes one token from its logits.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/moe/moe.h"
+
+namespace aff::cuda {
+
+constexpr int kGateBatch = 8;   // 16-byte loads in flight per lane
+constexpr int kGateSplit = 4;   // warps per gate row (each a quarter of its columns)
+constexpr int kGateMaxT = 8;    // tokens a gate slice serves at once
+
+__device__ __forceinline__ float route_score(ScoreFunc f, float x) {
+  if (f == ScoreFunc::kSigmoid) return 1.0f / (1.0f + expf(-x));
+  // sqrt(softplus(x)) with PyTorch's softplus threshold (identity above 20).
+  return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+}
+
+// Slice `slice` (of kGateSplit) of gate row `row` ([D] values, BF16 when kBf16,
+// else F32): prefetch() issues the first batch of weight loads (weights only,
+// so before the wait for x), dot() finishes the slice against x [T, D] and
+// leaves each token's warp-summed partial in every lane's acc[t].
+template <bool kBf16>
+struct GateSlice {
+  static constexpr int kPer = kBf16 ? 8 : 4;  // values per 16-byte load
+  const uint8_t* row = nullptr;
+  int64_t c_begin = 0, c_end = 0;
+  bool ok = false;
+  uint4 wv[kGateBatch];
+
+  __device__ GateSlice(const uint8_t* gate, int64_t D, int e, bool row_ok, int slice) : ok(row_ok) {
+    const int64_t n16 = D / kPer;
+    c_begin = n16 * slice / kGateSplit, c_end = n16 * (slice + 1) / kGateSplit;
+    row = gate + (row_ok ? int64_t(e) : 0) * D * (kBf16 ? 2 : 4);
+  }
+
+  __device__ __forceinline__ void load(int64_t base, int lane) {
+#pragma unroll
+    for (int j = 0; j < kGateBatch; ++j)
+      if (ok && base + lane + 32 * j < c_end) wv[j] = ld_stream16(row + (base + lane + 32 * j) * 16);
+  }
+  __device__ __forceinline__ void prefetch(int lane) { load(c_begin, lane); }
+
+  __device__ void dot(const float* x, int64_t D, int T, int lane, float (&acc)[kGateMaxT]) {
+#pragma unroll
+    for (int t = 0; t < kGateMaxT; ++t) acc[t] = 0.0f;
+    for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
+      if (base > c_begin) load(base, lane);
+#pragma unroll
+      for (int j = 0; j < kGateBatch; ++j) {
+        const int64_t c = base + lane + 32 * j;
+        if (!ok || c >= c_end) continue;
+        float wf[kPer];
+        const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (kBf16) {
+            wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
+            wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
+          } else {
+            wf[i] = __uint_as_float(u[i]);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kGateMaxT; ++t) {
+          if (t >= T) break;
+          const float4* xp = reinterpret_cast<const float4*>(x + int64_t(t) * D + c * kPer);
+#pragma unroll
+          for (int q = 0; q < kPer / 4; ++q) {
+            const float4 xv = xp[q];
+            acc[t] = fmaf(wf[4 * q], xv.x, acc[t]);
+            acc[t] = fmaf(wf[4 * q + 1], xv.y, acc[t]);
+            acc[t] = fmaf(wf[4 * q + 2], xv.z, acc[t]);
+            acc[t] = fmaf(wf[4 * q + 3], xv.w, acc[t]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kGateMaxT; ++t) {
+      if (t >= T) break;
+      acc[t] = warp_sum(acc[t]);
+    }
+  }
+};
+
+// (v, id) ranks above (w, jd): a larger value, ties to the lower id.
+__device__ __forceinline__ bool ranks_above(float v, int id, float w, int jd) { return v > w || (v == w && id < jd); }
+
+// Experts a lane holds in the register top-k (E <= 32 * kTopkPerLane).
+constexpr int kTopkPerLane = 8;
+
+// The k best of a warp's E <= 256 candidates, lane l holding experts l, l + 32,
+// ...: each lane sorts its 8 (a fixed network, no dependence between the
+// lanes), then each round the warp takes the best of the lanes' heads and the
+// winning lane drops its head. The same picks in the same order as k rounds
+// of a full argmax, with one butterfly per pick and nothing through shared
+// memory. sel: [k] shared, written by lane 0.
+__device__ __forceinline__ void topk_registers(float (&v)[kTopkPerLane], int (&id)[kTopkPerLane], int k, int32_t* sel) {
+  const int lane = threadIdx.x & 31;
+  auto cas = [&](int i, int j) {  // after unrolling, i and j are constants: registers stay registers
+    if (ranks_above(v[j], id[j], v[i], id[i])) {
+      const float tv = v[i];
+      const int ti = id[i];
+      v[i] = v[j], id[i] = id[j], v[j] = tv, id[j] = ti;
+    }
+  };
+  // Batcher's odd-even merge sort of 8 (19 compare-exchanges).
+  cas(0, 1), cas(2, 3), cas(4, 5), cas(6, 7);
+  cas(0, 2), cas(1, 3), cas(4, 6), cas(5, 7);
+  cas(1, 2), cas(5, 6);
+  cas(0, 4), cas(1, 5), cas(2, 6), cas(3, 7);
+  cas(2, 4), cas(3, 5);
+  cas(1, 2), cas(3, 4), cas(5, 6);
+  for (int i = 0; i < k; ++i) {
+    float bv = v[0];
+    int bi = id[0];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ranks_above(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (id[0] == bi) {  // this lane's head was taken
+#pragma unroll
+      for (int j = 0; j + 1 < kTopkPerLane; ++j) v[j] = v[j + 1], id[j] = id[j + 1];
+      v[kTopkPerLane - 1] = -INFINITY, id[kTopkPerLane - 1] = 0x7fffffff;
+    }
+    if (lane == 0) sel[i] = bi;
+  }
+}
+
+// One warp routes token t from its logits lg: [E] (global or shared memory):
+// scores, k picks of score + bias (ties: lower id) or the hash table's, and
+// the normalised weights into ids [k] / weights [k] (global or shared). s,
+// biased: [E] shared scratch of this warp (biased only for E > 256); sel:
+// [32] shared.
+__device__ inline void route_token(const RouterArgs& a, int64_t t, const float* lg, float* s, float* biased,
+                                   int32_t* sel, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  if (a.func == ScoreFunc::kSoftmax) {
+    float m = -FLT_MAX;
+    for (int e = lane; e < a.E; e += 32) m = fmaxf(m, lg[e]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int e = lane; e < a.E; e += 32) {
+      s[e] = expf(lg[e] - m);
+      sum += s[e];
+    }
+    sum = warp_sum(sum);
+    const float inv = 1.0f / sum;
+    for (int e = lane; e < a.E; e += 32) s[e] *= inv;
+  } else {
+    for (int e = lane; e < a.E; e += 32) s[e] = route_score(a.func, lg[e]);
+  }
+  __syncwarp();
+  // The picks stay in shared memory: reading them back from the global output
+  // costs an L2 round trip per expert.
+  if (a.tid2eid) {
+    if (lane < a.k) sel[lane] = a.tid2eid[int64_t(a.tokens[t]) * a.k + lane];
+  } else if (a.E <= 32 * kTopkPerLane) {
+    float v[kTopkPerLane];
+    int id[kTopkPerLane];
+#pragma unroll
+    for (int j = 0; j < kTopkPerLane; ++j) {
+      const int e = lane + 32 * j;
+      id[j] = e < a.E ? e : 0x7fffffff;
+      v[j] = e < a.E ? s[e] + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
+    }
+    topk_registers(v, id, a.k, sel);
+  } else {
+    for (int e = lane; e < a.E; e += 32) biased[e] = s[e] + (a.bias ? a.bias[e] : 0.0f);
+    __syncwarp();
+    for (int i = 0; i < a.k; ++i) {
+      float best = -INFINITY;
+      int best_id = 0x7fffffff;
+      for (int e = lane; e < a.E; e += 32) {
+        const float v = biased[e];
+        if (ranks_above(v, e, best, best_id)) best = v, best_id = e;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
+        if (ranks_above(ov, oid, best, best_id)) best = ov, best_id = oid;
+      }
+      if (lane == 0) {
+        sel[i] = best_id;
+        biased[best_id] = -INFINITY;
+      }
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  // Sum in pick order (as the reference), every lane the same; lane i writes pick i.
+  float sum = 0.0f;
+  for (int i = 0; i < a.k; ++i) sum += s[sel[i]];
+  if (lane < a.k) {
+    ids[lane] = sel[lane];
+    weights[lane] = s[sel[lane]] / (sum + 1e-20f) * a.scaling;
+  }
+}
+
+}  // namespace aff::cuda
