@@ -5,6 +5,12 @@
 // (together several times the 50 MB L2), so the numbers are HBM reads, not L2
 // hits. The last rows read one expert from pinned host memory mapped into the
 // device (zero-copy over PCIe), the path of a tiered expert store.
+//   --quick      fewer rows;
+//   --floors     the decode step's FP8 projections and the head against a plain
+//                read of the same bytes;
+//   --moe-parts  the decode MoE's launches alone and together, replayed from
+//                CUDA graphs (no launch gaps, as in the decode step), and the
+//                one-launch MoE with its per-block phase times.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
