@@ -138,6 +138,14 @@ void start(const char* path) {
 
 }  // namespace
 
+#else
+
+namespace {
+void start(const char*) { std::fprintf(stderr, "AFF_CUDA_TRACE: built without CUPTI's headers; not tracing\n"); }
+}  // namespace
+
+#endif
+
 void kernel_trace_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -145,18 +153,5 @@ void kernel_trace_from_env() {
     if (path != nullptr && path[0] != '\0') start(path);
   });
 }
-
-#else
-
-void kernel_trace_from_env() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* path = std::getenv("AFF_CUDA_TRACE");
-    if (path != nullptr && path[0] != '\0')
-      std::fprintf(stderr, "AFF_CUDA_TRACE: built without CUPTI's headers; not tracing\n");
-  });
-}
-
-#endif
 
 }  // namespace aff::cuda

@@ -2,11 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "backend/cuda/runtime/env_switch.h"
 
 namespace aff::cuda {
 namespace {
@@ -44,10 +45,7 @@ Profile& profile() {
 }  // namespace
 
 bool profiling_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("AFF_CUDA_PROFILE");
-    return v && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_opt_in("AFF_CUDA_PROFILE");
   return on;
 }
 

@@ -450,10 +450,7 @@ bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_pe
 }
 
 bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group) {
-  static const bool bf16_routed = [] {
-    const char* v = std::getenv("AFF_CUDA_BF16_MMA");
-    return v && v[0] == '1';
-  }();
+  static const bool bf16_routed = env_opt_in("AFF_CUDA_BF16_MMA");
   // Large BF16 weights (the heads: V4's 1.06 GB, the tiny model's 66 MB)
   // stream faster here: V4's head 269 vs 312 us (aff-bench-gemv --floors,
   // docs/BENCHMARKS.md). The small ones (compressor and indexer projections,
