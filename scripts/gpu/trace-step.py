@@ -96,7 +96,7 @@ def main() -> int:
     kinds = defaultdict(list)
     for l in range(n_layers):
         rows = layer_rows(l)
-        kinds["CSA" if any(r[3] == "indexer_topk_f32_sm90" for r in rows) else "other"].append(rows)
+        kinds["CSA" if any(r[3].startswith("indexer_topk") for r in rows) else "other"].append(rows)
     for kind, layers in sorted(kinds.items()):
         added, order = defaultdict(list), []
         for rows in layers:

@@ -323,6 +323,9 @@ TEST(IndexerScoresMma, MatchesReference) {
   // q given without its RoPE (the decode step's stacked indexer queries).
   run_indexer_case(1, 4095, 1100, 64, 128, 4, MmaPrecision::kBf16x3, rng, 64);
   run_indexer_case(3, 77, 30, 6, 128, 4, MmaPrecision::kBf16x3, rng, 64);
+  // A decode step at a long context: more key tiles than the grid's blocks,
+  // so each block loops over several with its query rows staged once.
+  run_indexer_case(1, 4 * 40000 - 1, 40000, 64, 128, 4, MmaPrecision::kBf16x3, rng, 64);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 
 #include "../model/random_model.h"
 #include "backend/cuda/cuda_forward.h"
+#include "backend/cuda/cuda_layers.h"
+#include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "gpu_test_util.h"
 
@@ -18,12 +20,12 @@ namespace {
 // Runs a prefill of `prompt` tokens, then `steps` single-token decodes, and
 // returns every decode step's logits (concatenated) plus the greedy ids.
 void run_decode(const DeviceModel& dev, const std::vector<int32_t>& tokens, size_t prompt, bool graph,
-                std::vector<float>& logits, std::vector<int32_t>& greedy) {
+                std::vector<float>& logits, std::vector<int32_t>& greedy, int64_t chunk = 16) {
   if (graph)
     unsetenv("AFF_CUDA_GRAPH");
   else
     setenv("AFF_CUDA_GRAPH", "0", 1);
-  auto st = make_gpu_state(dev, int64_t(tokens.size()) + 1, 16);
+  auto st = make_gpu_state(dev, int64_t(tokens.size()) + 1, chunk);
   ASSERT_TRUE(st.is_ok()) << st.status().message();
   std::vector<float> part;
   ASSERT_TRUE(gpu_forward(dev, **st, std::span(tokens).first(prompt), false, part).is_ok());
@@ -57,6 +59,35 @@ TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
   std::vector<int32_t> ids_graph, ids_plain;
   run_decode(**dev, tokens, 5, true, with_graph, ids_graph);
   run_decode(**dev, tokens, 5, false, without_graph, ids_plain);
+  ASSERT_FALSE(with_graph.empty());
+  ASSERT_EQ(with_graph.size(), without_graph.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < with_graph.size(); ++i) differ += with_graph[i] != without_graph[i];
+  EXPECT_EQ(differ, 0u) << "logits differ between replayed and launched decode steps";
+  EXPECT_EQ(ids_graph, ids_plain);
+}
+
+// Steps whose indexer rows outgrow one top-k block take another captured
+// graph (gpu_decode_shape): decode across that position, through graphs and
+// launch by launch, gives the same bits (a replay of the short rows' graph
+// past its bound would stop the kernel).
+TEST(DecodeGraph, NewShapeAtLongRows) {
+  AFF_SKIP_WITHOUT_GPU();
+  dsv4::ModelConfig cfg = dsv4::testing::tiny_config({0, 4, 8}, 1);
+  auto model = dsv4::testing::random_model(cfg, 12);
+  ASSERT_TRUE(model);
+  auto dev = upload_model(*model);
+  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
+  const int64_t first_long = 4 * (kTopkOneBlockEntries + 1) - 1;  // the first position past one block
+  ASSERT_EQ(gpu_decode_shape(**dev, first_long - 1), 0);
+  ASSERT_NE(gpu_decode_shape(**dev, first_long), 0);
+  const size_t prompt = size_t(first_long - 6), n = size_t(first_long + 8);
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < n; ++i) tokens.push_back(int32_t((i * 37 + 5) % size_t(cfg.vocab_size)));
+  std::vector<float> with_graph, without_graph;
+  std::vector<int32_t> ids_graph, ids_plain;
+  run_decode(**dev, tokens, prompt, true, with_graph, ids_graph, 1024);
+  run_decode(**dev, tokens, prompt, false, without_graph, ids_plain, 1024);
   ASSERT_FALSE(with_graph.empty());
   ASSERT_EQ(with_graph.size(), without_graph.size());
   size_t differ = 0;

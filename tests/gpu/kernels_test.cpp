@@ -16,6 +16,7 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
 #include "core/dtype.h"
@@ -174,6 +175,67 @@ TEST(IndexerTopk, MatchesBruteForceWithTiesAndShortRows) {
       std::vector<int32_t> got(got_sel->begin() + t * k, got_sel->begin() + t * k + int64_t(want.size()));
       std::sort(got.begin(), got.end());
       EXPECT_EQ(got, want) << "query " << t << " of n_entries " << n_entries << ", k " << k;
+    }
+  }
+}
+
+// The decode form (topk_grid): one block for rows under a small bound, else
+// blocks of >= 1024 entries each (one up to 1024 visible, then two, ...);
+// rows of at most k, heavily tied or not; each case launched twice on the
+// same scratch, which must be zero again after.
+TEST(IndexerTopk, DecodeFormMatchesBruteForce) {
+  AFF_SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int k = 512, ratio = 4;
+  auto scratch = DeviceBuffer::allocate(size_t(kTopkScratchWords) * 4, "scratch");
+  ASSERT_TRUE(scratch.is_ok());
+  ASSERT_EQ(cudaMemset(scratch->data(), 0, scratch->bytes()), cudaSuccess);
+  struct Case {
+    int64_t ld, bound;
+    std::vector<int64_t> n;
+  };
+  const std::vector<Case> cases = {
+      {300007, kTopkOneBlockEntries, {300, k + 1, 1024, 1025, kTopkOneBlockEntries}},
+      {5000, 0, {300, k + 1, 1024, 1025, 3 * 1024 - 17, 5000}},
+      {300007, 0, {300, k + 1, 1024, 1025, 3 * 1024 - 17, 150006, 300007}},
+  };
+  for (const Case& c : cases) {
+    const TopkGrid g = topk_grid(c.bound > 0 ? c.bound : c.ld, 1, current_device_multiprocessors());
+    ASSERT_EQ(g.blocks > 1, c.bound == 0) << "ld " << c.ld << ", bound " << c.bound;
+    for (const int64_t n : c.n) {
+      for (const bool tied : {false, true}) {
+        SCOPED_TRACE("ld " + std::to_string(c.ld) + ", bound " + std::to_string(c.bound) + ", n " + std::to_string(n) +
+                     (tied ? ", tied" : ""));
+        std::vector<float> scores(size_t(c.ld), 7.0f);  // past n: never read
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::uniform_int_distribution<int> coarse(-3, 3);
+        for (int64_t j = 0; j < n; ++j) scores[size_t(j)] = tied ? float(coarse(rng)) : nd(rng);
+        auto ds = upload_vector(scores, "scores");
+        auto sel = DeviceBuffer::allocate(size_t(k) * 4, "sel");
+        auto cnt = DeviceBuffer::allocate(4, "count");
+        auto step = upload_vector(std::vector<StepInfo>{StepInfo{n * ratio - 1, 1}}, "step");
+        ASSERT_TRUE(ds.is_ok() && sel.is_ok() && cnt.is_ok() && step.is_ok());
+        TopkArgs a;
+        a.step = step->as<StepInfo>(), a.scores = ds->as<float>(), a.ld = c.ld, a.T = 1;
+        a.ratio = ratio, a.k = k, a.sel = sel->as<int32_t>(), a.count = cnt->as<int32_t>();
+        a.scratch = scratch->as<uint32_t>(), a.bound = c.bound;
+        const std::vector<int32_t> want = topk_reference(scores.data(), n, k);
+        for (int rep = 0; rep < 2; ++rep) {
+          ASSERT_EQ(cudaMemset(sel->data(), 0xff, sel->bytes()), cudaSuccess);
+          ASSERT_TRUE(indexer_topk(a, nullptr).is_ok());
+          auto got_sel = download_vector(sel->as<int32_t>(), size_t(k), "sel");
+          auto got_cnt = download_vector(cnt->as<int32_t>(), 1, "count");
+          auto left = download_vector(scratch->as<uint32_t>(), size_t(kTopkScratchWords), "scratch");
+          ASSERT_TRUE(got_sel.is_ok() && got_cnt.is_ok() && left.is_ok());
+          ASSERT_EQ((*got_cnt)[0], int32_t(want.size())) << "launch " << rep;
+          // Written in id order already: no sort before the comparison.
+          const std::vector<int32_t> got(got_sel->begin(), got_sel->begin() + int64_t(want.size()));
+          EXPECT_EQ(got, want) << "launch " << rep;
+          EXPECT_EQ(std::count(left->begin(), left->end(), 0u), kTopkScratchWords) << "scratch not reset, launch " << rep;
+        }
+      }
     }
   }
 }

@@ -39,6 +39,7 @@ struct Switches {
   bool site_xring = env_switch_on("AFF_CUDA_SITE_XRING");    // the mHC site writes those compressors' x
   bool attn_qfinish = env_switch_on("AFF_CUDA_ATTN_QFINISH");  // the attention finishes its queries (norm, RoPE)
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
+  bool topk_grid = env_switch_on("AFF_CUDA_TOPK_GRID");  // a decode step's indexer top-k over many blocks
   // Opt-in (=1): the decode MoE in one launch (moe_fused). Correct but slower
   // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
   bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
@@ -215,8 +216,10 @@ Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
 // The indexer's choice on stream s, once its inputs are ready there: every
 // visible entry's score, then the top-k into ws.sel / ws.sel_count.
 // rope_q: ws.iq is still without its RoPE, which the scores launch applies.
+// pos0: the chunk's first position (a one-token step's top-k form depends on
+// it: gpu_decode_shape).
 Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st, int64_t T,
-                      cudaStream_t s, bool rope_q = false) {
+                      int64_t pos0, cudaStream_t s, bool rope_q = false) {
   const dsv4::ModelConfig& c = m.config;
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   IndexerScoreArgs a;
@@ -232,6 +235,10 @@ Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;
   k.ratio = ix.compressor.ratio, k.k = c.index_topk;
   k.sel = st.ws.sel.as<int32_t>(), k.count = st.ws.sel_count.as<int32_t>();
+  if (switches().topk_grid) {
+    k.scratch = st.ws.topk_scratch.as<uint32_t>();
+    k.bound = T == 1 && topk_one_block(pos0, k.ratio) ? std::min(k.ld, kTopkOneBlockEntries) : k.ld;
+  }
   return indexer_topk(k, s);
 }
 
@@ -274,6 +281,14 @@ Status gpu_hc_post(const DeviceModel& m, GpuState& st, const float* a, int64_t T
 
 Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T, float* y) {
   return gpu_hc_site(m, m.hc_head, st, const_cast<float*>(h), nullptr, 0, T, true, nullptr, y);
+}
+
+int gpu_decode_shape(const DeviceModel& m, int64_t pos) {
+  if (!switches().topk_grid) return 0;
+  bool one_block = true;
+  for (const DeviceLayer& l : m.layers)
+    if (l.attn.indexer.present) one_block = one_block && topk_one_block(pos, l.attn.indexer.compressor.ratio);
+  return one_block ? 0 : 1;
 }
 
 Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {
@@ -463,7 +478,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(indexer_inputs(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss,
                                          iq_stacked, stored(ls.idx)));
-      if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel));
+      if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel));
       prof_mark(s, "attn.indexer");
     }
     return Status::ok();
@@ -486,7 +501,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // The indexer's choice waits for its queries (here) and its other inputs (on its stream).
   if (iq_stacked) {
     AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
-    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, iss.sel, /*rope_q=*/true));
+    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel, /*rope_q=*/true));
   }
   if (!paired) {
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));

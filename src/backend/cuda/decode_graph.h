@@ -30,6 +30,7 @@ struct DecodeGraphKey {
   int n_layers = -1;
   bool no_routed = false;
   bool greedy = false;  // argmax only (else the logits row is copied out)
+  int shape = 0;        // gpu_decode_shape at the step's position
   bool operator==(const DecodeGraphKey&) const = default;
 };
 

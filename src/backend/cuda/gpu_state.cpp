@@ -1,6 +1,7 @@
 #include "backend/cuda/gpu_state.h"
 
 #include "backend/cuda/kernels/compressor/compressor.h"
+#include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/runtime/step_info.h"
 
@@ -328,6 +329,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.scores, T * max_idx_entries, 4, "indexer scores"));
   AFF_RETURN_IF_ERROR(alloc(w.sel, T * std::max(c.index_topk, 1), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.sel_count, T, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.topk_scratch, kTopkScratchWords, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.topk_scratch.data(), 0, w.topk_scratch.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.router_logits, T * int64_t(c.n_routed_experts), 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_ids, T * k, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.route_w, T * k, 4, "workspace"));

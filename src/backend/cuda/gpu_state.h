@@ -96,6 +96,7 @@ struct Workspace {
   DeviceBuffer iw;                      // [T, index_n_heads]
   DeviceBuffer scores;                  // [T, max indexer entries]
   DeviceBuffer sel, sel_count;          // i32 [T, index_topk], i32 [T]
+  DeviceBuffer topk_scratch;            // u32 [kTopkScratchWords], zero between launches (indexer_topk's grid form)
   DeviceBuffer router_logits;           // [T, E]
   DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
   DeviceBuffer moe_sync;                // u32 [3], zero between launches (moe_fused's barriers)

@@ -47,7 +47,34 @@ struct TopkArgs {
   int ratio = 0, k = 0;
   int32_t* sel = nullptr;          // out [T, k] chosen ids, in increasing id order
   int32_t* count = nullptr;        // out [T] = min(k, n_vis(t))
+  // Non-null: a one-query launch (T == 1) takes the decode form (topk_grid).
+  // [kTopkScratchWords] device, zero before the first launch; each launch
+  // leaves it zero again. One launch at a time.
+  uint32_t* scratch = nullptr;
+  // With scratch: the most entries visible in any step this launch serves
+  // (a captured step replays over a range of positions); 0: ld.
+  int64_t bound = 0;
 };
+
+constexpr int64_t kTopkScratchWords = 1288;
+
+// Rows of up to this many entries are selected by one block: below it the
+// grid's barriers and extra blocks cost more than its split saves.
+constexpr int64_t kTopkOneBlockEntries = 4096;
+
+// Whether a one-token step at position pos, in a layer compressing by ratio,
+// sees at most kTopkOneBlockEntries entries.
+inline bool topk_one_block(int64_t pos, int ratio) { return ratio > 0 && (pos + 1) / ratio <= kTopkOneBlockEntries; }
+
+// The decode form of a top-k over rows of at most `bound` entries: blocks ==
+// 0 when it does not apply (T != 1), else `blocks` blocks of `threads`, each
+// staging up to `chunk` entries. It depends only on the bound, so a captured
+// step keeps its grid.
+struct TopkGrid {
+  int blocks = 0, threads = 0;
+  int64_t chunk = 0;
+};
+TopkGrid topk_grid(int64_t bound, int64_t T, int multiprocessors);
 
 // The k highest scores among the visible entries (ties: lower id first), or
 // all visible entries when there are at most k. Radix select on the ordered
