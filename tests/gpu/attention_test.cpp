@@ -52,6 +52,7 @@ struct AttnCase {
   int sel_max = 0;       // kSelected: counts drawn in [0, sel_max] (last query gets sel_max)
   bool scratch = true;   // allow key splits
   MmaPrecision precision = MmaPrecision::kBf16x3;
+  int64_t entry_bound = 0;  // kVisible: AttentionArgs::entry_bound
 };
 
 void run_attention_case(const AttnCase& c, std::mt19937_64& rng) {
@@ -116,6 +117,7 @@ void run_attention_case(const AttnCase& c, std::mt19937_64& rng) {
   AttentionArgs a;
   a.step = dstep->as<StepInfo>(), a.q = dq->as<float>(), a.kv = dkv->as<float>(), a.ring = dring->as<float>();
   a.entries = dent->as<float>(), a.entry_capacity = c.capacity, a.ratio = c.ratio, a.mode = c.mode;
+  a.entry_bound = c.entry_bound;
   a.sel = dsel->as<int32_t>(), a.sel_count = dcnt->as<int32_t>(), a.sel_ld = c.sel_ld;
   a.sinks = dsink->as<float>(), a.T = T, a.H = c.H, a.Dh = c.Dh, a.W = c.W, a.scale = scale;
   a.precision = c.precision, a.out = dout->as<float>();
@@ -148,6 +150,14 @@ TEST(AttentionMma, DecodeMatchesReference) {
       {"decode hca, 6 heads, dh 192", 6, 192, 32, 1, 97, AttnEntries::kVisible, 8, 20},
   };
   for (const AttnCase& c : cases) run_attention_case(c, rng);
+  // The split grid sized by a bound on the visible entries (a short-context
+  // decode graph) rather than the capacity: within the bound, and past it
+  // (the keys are dealt to the splits by their count, so none is dropped).
+  AttnCase bounded{"decode hca, 100 entries, bound 128", 64, 512, 128, 1, 128 * 100 - 1, AttnEntries::kVisible, 128, 8193};
+  bounded.entry_bound = 128;
+  run_attention_case(bounded, rng);
+  bounded.name = "decode hca, 200 entries, bound 128", bounded.pos0 = 128 * 200 - 1;
+  run_attention_case(bounded, rng);
   AttnCase fast = cases[3];
   fast.name = "decode csa 513, bf16", fast.precision = MmaPrecision::kBf16;
   run_attention_case(fast, rng);

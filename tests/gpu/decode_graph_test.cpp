@@ -10,7 +10,6 @@
 #include "../model/random_model.h"
 #include "backend/cuda/cuda_forward.h"
 #include "backend/cuda/cuda_layers.h"
-#include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "gpu_test_util.h"
 
@@ -67,10 +66,10 @@ TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
   EXPECT_EQ(ids_graph, ids_plain);
 }
 
-// Steps whose indexer rows outgrow one top-k block take another captured
-// graph (gpu_decode_shape): decode across that position, through graphs and
-// launch by launch, gives the same bits (a replay of the short rows' graph
-// past its bound would stop the kernel).
+// Steps past kShortDecodePositions take another captured graph
+// (gpu_decode_shape): decode across that position, through graphs and launch
+// by launch, gives the same bits (a replay of the short graph past its range
+// would stop the indexer's top-k kernel).
 TEST(DecodeGraph, NewShapeAtLongRows) {
   AFF_SKIP_WITHOUT_GPU();
   dsv4::ModelConfig cfg = dsv4::testing::tiny_config({0, 4, 8}, 1);
@@ -78,9 +77,9 @@ TEST(DecodeGraph, NewShapeAtLongRows) {
   ASSERT_TRUE(model);
   auto dev = upload_model(*model);
   ASSERT_TRUE(dev.is_ok()) << dev.status().message();
-  const int64_t first_long = 4 * (kTopkOneBlockEntries + 1) - 1;  // the first position past one block
-  ASSERT_EQ(gpu_decode_shape(**dev, first_long - 1), 0);
-  ASSERT_NE(gpu_decode_shape(**dev, first_long), 0);
+  const int64_t first_long = kShortDecodePositions;
+  ASSERT_EQ(gpu_decode_shape(first_long - 1), 0);
+  ASSERT_NE(gpu_decode_shape(first_long), 0);
   const size_t prompt = size_t(first_long - 6), n = size_t(first_long + 8);
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < n; ++i) tokens.push_back(int32_t((i * 37 + 5) % size_t(cfg.vocab_size)));

@@ -148,7 +148,7 @@ Status decode_step(const DeviceModel& model, GpuState& st, int32_t token, int n_
   AFF_RETURN_IF_ERROR(gpu_state_reserve(st, st.n_past + 1));
   g.io()->step = StepInfo{st.n_past, 1};
   g.io()->token = token;
-  const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy, gpu_decode_shape(model, st.n_past)};
+  const DecodeGraphKey key{&model, n_layers, opts.no_routed_experts, greedy, gpu_decode_shape(st.n_past)};
   if (!decode_graph_enabled() || profiling_enabled() || (!g.ready_for(key) && !g.warmed_for(key))) {
     AFF_RETURN_IF_ERROR(enqueue_decode(model, st, g, n_layers, opts, greedy));
     g.mark_warmed(key);

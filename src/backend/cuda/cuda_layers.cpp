@@ -40,6 +40,8 @@ struct Switches {
   bool attn_qfinish = env_switch_on("AFF_CUDA_ATTN_QFINISH");  // the attention finishes its queries (norm, RoPE)
   bool shared_beside = env_switch_on("AFF_CUDA_SHARED_BESIDE");  // the shared expert on the side stream
   bool topk_grid = env_switch_on("AFF_CUDA_TOPK_GRID");  // a decode step's indexer top-k over many blocks
+  bool short_decode = env_switch_on("AFF_CUDA_SHORT_DECODE");  // a graph sized for short contexts
+  bool attn_bound = env_switch_on("AFF_CUDA_ATTN_BOUND");      // in it, attention splits by the entries seen
   // Opt-in (=1): the decode MoE in one launch (moe_fused). Correct but slower
   // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
   bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
@@ -213,11 +215,20 @@ Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   return Status::ok();
 }
 
+// The most compressed entries (of a layer compressing by ratio, capacity
+// rows) visible to any step a launch serves: a one-token step of the short
+// decode shape (gpu_decode_shape) sees at most kShortDecodePositions / ratio,
+// anything else up to the capacity.
+int64_t entry_bound(int64_t pos0, int64_t T, int ratio, int64_t capacity) {
+  if (T != 1 || ratio <= 0 || gpu_decode_shape(pos0) != 0) return capacity;
+  return std::min(capacity, kShortDecodePositions / ratio);
+}
+
 // The indexer's choice on stream s, once its inputs are ready there: every
 // visible entry's score, then the top-k into ws.sel / ws.sel_count.
 // rope_q: ws.iq is still without its RoPE, which the scores launch applies.
 // pos0: the chunk's first position (a one-token step's top-k form depends on
-// it: gpu_decode_shape).
+// it: entry_bound).
 Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st, int64_t T,
                       int64_t pos0, cudaStream_t s, bool rope_q = false) {
   const dsv4::ModelConfig& c = m.config;
@@ -235,10 +246,7 @@ Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   k.step = a.step, k.scores = a.scores, k.ld = ls.idx.capacity, k.T = T;
   k.ratio = ix.compressor.ratio, k.k = c.index_topk;
   k.sel = st.ws.sel.as<int32_t>(), k.count = st.ws.sel_count.as<int32_t>();
-  if (switches().topk_grid) {
-    k.scratch = st.ws.topk_scratch.as<uint32_t>();
-    k.bound = T == 1 && topk_one_block(pos0, k.ratio) ? std::min(k.ld, kTopkOneBlockEntries) : k.ld;
-  }
+  if (switches().topk_grid) k.scratch = st.ws.topk_scratch.as<uint32_t>(), k.bound = entry_bound(pos0, T, k.ratio, k.ld);
   return indexer_topk(k, s);
 }
 
@@ -283,13 +291,7 @@ Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T
   return gpu_hc_site(m, m.hc_head, st, const_cast<float*>(h), nullptr, 0, T, true, nullptr, y);
 }
 
-int gpu_decode_shape(const DeviceModel& m, int64_t pos) {
-  if (!switches().topk_grid) return 0;
-  bool one_block = true;
-  for (const DeviceLayer& l : m.layers)
-    if (l.attn.indexer.present) one_block = one_block && topk_one_block(pos, l.attn.indexer.compressor.ratio);
-  return one_block ? 0 : 1;
-}
+int gpu_decode_shape(int64_t pos) { return switches().short_decode && pos < kShortDecodePositions ? 0 : 1; }
 
 Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T) {
   AFF_RETURN_IF_ERROR(gpu_state_reserve(st, pos0 + T));
@@ -526,6 +528,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     a.entries = ls.kv.entries.as<float>();
     a.entry_capacity = ls.kv.capacity;
     a.ratio = w.compressor.ratio;
+    if (switches().attn_bound) a.entry_bound = entry_bound(pos0, T, a.ratio, a.entry_capacity);
     a.mode = AttnEntries::kVisible;
     if (w.indexer.present) {
       a.mode = AttnEntries::kSelected;

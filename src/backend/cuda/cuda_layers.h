@@ -27,11 +27,14 @@ Status gpu_hc_head(const DeviceModel& m, GpuState& st, const float* h, int64_t T
 // writes the chunk's StepInfo (which the kernels read) on the state's stream.
 Status gpu_begin_chunk(GpuState& st, int64_t pos0, int64_t T);
 
-// Which form of the launches a one-token step at position pos enqueues, for
-// the ones whose grid depends on the position's range (today the indexer's
-// top-k: one block while every row fits it, the multi-block form after).
-// Steps of equal shape share a captured graph.
-int gpu_decode_shape(const DeviceModel& m, int64_t pos);
+// One-token steps at positions below this share a captured graph whose
+// launches are sized for that range (the indexer's top-k in one block, the
+// attention's key splits by the entries such a step can see); later steps
+// take a graph sized for the caches' capacity.
+constexpr int64_t kShortDecodePositions = 16384;
+
+// Which of those graphs a one-token step at position pos belongs to.
+int gpu_decode_shape(int64_t pos);
 
 // The x rings of layer l's compressors that defer a decode step's
 // projections (compressor_run), for the mHC site before the attention to

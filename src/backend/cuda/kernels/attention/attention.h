@@ -38,6 +38,10 @@ struct AttentionArgs {
   const float* ring = nullptr;     // [W, Dh] window ring: position p < pos0 at row p % W
   const float* entries = nullptr;  // [entry_capacity, Dh] compressed entries
   int64_t entry_capacity = 0;      // rows of `entries` (bounds kVisible; sizes the split grid)
+  // kVisible: the most entries visible in any step the launch serves (a
+  // captured decode step replays over a range of positions), sizing the split
+  // grid instead of the capacity; 0: entry_capacity.
+  int64_t entry_bound = 0;
   int ratio = 0;
   AttnEntries mode = AttnEntries::kNone;
   const int32_t* sel = nullptr;        // [T, sel_ld] (kSelected)

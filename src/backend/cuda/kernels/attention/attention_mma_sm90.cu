@@ -478,7 +478,8 @@ struct SplitPlan {
 // Splits keys only when queries x head groups leave SMs idle; never depends
 // on the position, so a captured step keeps its grid.
 SplitPlan plan_splits(const AttentionArgs& a) {
-  const int64_t max_comp = a.mode == AttnEntries::kVisible ? a.entry_capacity
+  const int64_t visible = a.entry_bound > 0 ? std::min(a.entry_bound, a.entry_capacity) : a.entry_capacity;
+  const int64_t max_comp = a.mode == AttnEntries::kVisible ? visible
                            : a.mode == AttnEntries::kSelected ? a.sel_ld
                                                               : 0;
   const int64_t tiles = (a.W + max_comp + kKeys - 1) / kKeys;
@@ -492,8 +493,9 @@ SplitPlan plan_splits(const AttentionArgs& a) {
   if (a.scratch == nullptr || per_split_floats == 0) splits = 1;
   else splits = std::min<int64_t>(splits, a.scratch_floats / per_split_floats);
   SplitPlan p;
-  if (splits <= 1) {
-    p.keys_per_split = int(std::min<int64_t>(tiles * kKeys, INT32_MAX / 2));
+  if (splits <= 1) {  // one split reads keys_per_split keys: as many as the capacity allows
+    const int64_t cap_comp = a.mode == AttnEntries::kVisible ? a.entry_capacity : max_comp;
+    p.keys_per_split = int(std::min<int64_t>((a.W + cap_comp + kKeys - 1) / kKeys * kKeys, INT32_MAX / 2));
     return p;
   }
   const int64_t tiles_per = (tiles + splits - 1) / splits;

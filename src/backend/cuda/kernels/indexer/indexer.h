@@ -62,10 +62,6 @@ constexpr int64_t kTopkScratchWords = 1288;
 // grid's barriers and extra blocks cost more than its split saves.
 constexpr int64_t kTopkOneBlockEntries = 4096;
 
-// Whether a one-token step at position pos, in a layer compressing by ratio,
-// sees at most kTopkOneBlockEntries entries.
-inline bool topk_one_block(int64_t pos, int ratio) { return ratio > 0 && (pos + 1) / ratio <= kTopkOneBlockEntries; }
-
 // The decode form of a top-k over rows of at most `bound` entries: blocks ==
 // 0 when it does not apply (T != 1), else `blocks` blocks of `threads`, each
 // staging up to `chunk` entries. It depends only on the bound, so a captured
