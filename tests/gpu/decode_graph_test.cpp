@@ -44,6 +44,22 @@ void run_decode(const DeviceModel& dev, const std::vector<int32_t>& tokens, size
   unsetenv("AFF_CUDA_GRAPH");
 }
 
+// Decodes tokens[prompt..] through graphs and launch by launch; both must give
+// the same bits.
+void expect_replay_matches(const DeviceModel& dev, const std::vector<int32_t>& tokens, size_t prompt,
+                           int64_t chunk = 16) {
+  std::vector<float> with_graph, without_graph;
+  std::vector<int32_t> ids_graph, ids_plain;
+  run_decode(dev, tokens, prompt, true, with_graph, ids_graph, chunk);
+  run_decode(dev, tokens, prompt, false, without_graph, ids_plain, chunk);
+  ASSERT_FALSE(with_graph.empty());
+  ASSERT_EQ(with_graph.size(), without_graph.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < with_graph.size(); ++i) differ += with_graph[i] != without_graph[i];
+  EXPECT_EQ(differ, 0u) << "logits differ between replayed and launched decode steps";
+  EXPECT_EQ(ids_graph, ids_plain);
+}
+
 TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
   AFF_SKIP_WITHOUT_GPU();
   // SWA, CSA (ratio 4, indexer) and HCA (ratio 8) layers; hash routing on layer 0.
@@ -54,16 +70,7 @@ TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
   ASSERT_TRUE(dev.is_ok()) << dev.status().message();
   std::vector<int32_t> tokens;
   for (int i = 0; i < 70; ++i) tokens.push_back(int32_t((i * 37 + 5) % cfg.vocab_size));
-  std::vector<float> with_graph, without_graph;
-  std::vector<int32_t> ids_graph, ids_plain;
-  run_decode(**dev, tokens, 5, true, with_graph, ids_graph);
-  run_decode(**dev, tokens, 5, false, without_graph, ids_plain);
-  ASSERT_FALSE(with_graph.empty());
-  ASSERT_EQ(with_graph.size(), without_graph.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < with_graph.size(); ++i) differ += with_graph[i] != without_graph[i];
-  EXPECT_EQ(differ, 0u) << "logits differ between replayed and launched decode steps";
-  EXPECT_EQ(ids_graph, ids_plain);
+  expect_replay_matches(**dev, tokens, 5);
 }
 
 // Steps past kShortDecodePositions take another captured graph
@@ -83,16 +90,7 @@ TEST(DecodeGraph, NewShapeAtLongRows) {
   const size_t prompt = size_t(first_long - 6), n = size_t(first_long + 8);
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < n; ++i) tokens.push_back(int32_t((i * 37 + 5) % size_t(cfg.vocab_size)));
-  std::vector<float> with_graph, without_graph;
-  std::vector<int32_t> ids_graph, ids_plain;
-  run_decode(**dev, tokens, prompt, true, with_graph, ids_graph, 1024);
-  run_decode(**dev, tokens, prompt, false, without_graph, ids_plain, 1024);
-  ASSERT_FALSE(with_graph.empty());
-  ASSERT_EQ(with_graph.size(), without_graph.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < with_graph.size(); ++i) differ += with_graph[i] != without_graph[i];
-  EXPECT_EQ(differ, 0u) << "logits differ between replayed and launched decode steps";
-  EXPECT_EQ(ids_graph, ids_plain);
+  expect_replay_matches(**dev, tokens, prompt, 1024);
 }
 
 }  // namespace
