@@ -44,14 +44,22 @@ void run_decode(const DeviceModel& dev, const std::vector<int32_t>& tokens, size
   unsetenv("AFF_CUDA_GRAPH");
 }
 
-// Decodes tokens[prompt..] through graphs and launch by launch; both must give
-// the same bits.
-void expect_replay_matches(const DeviceModel& dev, const std::vector<int32_t>& tokens, size_t prompt,
-                           int64_t chunk = 16) {
+// A random tiny model with SWA, CSA (ratio 4, indexer) and HCA (ratio 8)
+// layers and hash routing on layer 0 decodes tokens [prompt, n) after a
+// prefill of the first `prompt`, through graphs and launch by launch: both
+// must give the same bits.
+void expect_replay_matches(uint64_t seed, size_t n, size_t prompt, int64_t chunk = 16) {
+  dsv4::ModelConfig cfg = dsv4::testing::tiny_config({0, 4, 8}, 1);
+  auto model = dsv4::testing::random_model(cfg, seed);
+  ASSERT_TRUE(model);
+  auto dev = upload_model(*model);
+  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < n; ++i) tokens.push_back(int32_t((i * 37 + 5) % size_t(cfg.vocab_size)));
   std::vector<float> with_graph, without_graph;
   std::vector<int32_t> ids_graph, ids_plain;
-  run_decode(dev, tokens, prompt, true, with_graph, ids_graph, chunk);
-  run_decode(dev, tokens, prompt, false, without_graph, ids_plain, chunk);
+  run_decode(**dev, tokens, prompt, true, with_graph, ids_graph, chunk);
+  run_decode(**dev, tokens, prompt, false, without_graph, ids_plain, chunk);
   ASSERT_FALSE(with_graph.empty());
   ASSERT_EQ(with_graph.size(), without_graph.size());
   size_t differ = 0;
@@ -62,15 +70,7 @@ void expect_replay_matches(const DeviceModel& dev, const std::vector<int32_t>& t
 
 TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
   AFF_SKIP_WITHOUT_GPU();
-  // SWA, CSA (ratio 4, indexer) and HCA (ratio 8) layers; hash routing on layer 0.
-  dsv4::ModelConfig cfg = dsv4::testing::tiny_config({0, 4, 8}, 1);
-  auto model = dsv4::testing::random_model(cfg, 11);
-  ASSERT_TRUE(model);
-  auto dev = upload_model(*model);
-  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 70; ++i) tokens.push_back(int32_t((i * 37 + 5) % cfg.vocab_size));
-  expect_replay_matches(**dev, tokens, 5);
+  expect_replay_matches(11, 70, 5);
 }
 
 // Steps past kShortDecodePositions take another captured graph
@@ -79,18 +79,10 @@ TEST(DecodeGraph, ReplayIsBitIdenticalToLaunchByLaunch) {
 // would stop the indexer's top-k kernel).
 TEST(DecodeGraph, NewShapeAtLongRows) {
   AFF_SKIP_WITHOUT_GPU();
-  dsv4::ModelConfig cfg = dsv4::testing::tiny_config({0, 4, 8}, 1);
-  auto model = dsv4::testing::random_model(cfg, 12);
-  ASSERT_TRUE(model);
-  auto dev = upload_model(*model);
-  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
   const int64_t first_long = kShortDecodePositions;
   ASSERT_EQ(gpu_decode_shape(first_long - 1), 0);
   ASSERT_NE(gpu_decode_shape(first_long), 0);
-  const size_t prompt = size_t(first_long - 6), n = size_t(first_long + 8);
-  std::vector<int32_t> tokens;
-  for (size_t i = 0; i < n; ++i) tokens.push_back(int32_t((i * 37 + 5) % size_t(cfg.vocab_size)));
-  expect_replay_matches(**dev, tokens, prompt, 1024);
+  expect_replay_matches(12, size_t(first_long + 8), size_t(first_long - 6), 1024);
 }
 
 }  // namespace
