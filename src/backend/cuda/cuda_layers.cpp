@@ -217,11 +217,11 @@ Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
 
 // The most compressed entries (of a layer compressing by ratio, capacity
 // rows) visible to any step a launch serves: a one-token step of the short
-// decode shape (gpu_decode_shape) sees at most kShortDecodePositions / ratio,
+// decode shape (gpu_decode_shape) sees at most what its last position sees,
 // anything else up to the capacity.
 int64_t entry_bound(int64_t pos0, int64_t T, int ratio, int64_t capacity) {
   if (T != 1 || ratio <= 0 || gpu_decode_shape(pos0) != 0) return capacity;
-  return std::min(capacity, kShortDecodePositions / ratio);
+  return visible_entries(kShortDecodePositions - 1, ratio, capacity);
 }
 
 // The indexer's choice on stream s, once its inputs are ready there: every

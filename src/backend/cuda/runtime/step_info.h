@@ -37,6 +37,12 @@ AFF_HD int64_t new_entries(const StepInfo& s, int ratio) {
 // Entries visible to the query at position p (those wholly at or before p).
 AFF_HD int64_t visible_entries(int64_t p, int ratio) { return (p + 1) / ratio; }
 
+// The same, of a cache holding at most `capacity` entries.
+AFF_HD int64_t visible_entries(int64_t p, int ratio, int64_t capacity) {
+  const int64_t v = visible_entries(p, ratio);
+  return v < capacity ? v : capacity;
+}
+
 }  // namespace aff::cuda
 
 #undef AFF_HD

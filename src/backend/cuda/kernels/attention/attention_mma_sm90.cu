@@ -79,8 +79,7 @@ __device__ __forceinline__ KeySet key_set(const AttentionArgs& a, int64_t pos0, 
   k.n_win = pos - k.win_start + 1;
   int64_t n_comp = 0;
   if (a.mode == AttnEntries::kVisible) {
-    n_comp = visible_entries(pos, a.ratio);
-    if (n_comp > a.entry_capacity) n_comp = a.entry_capacity;
+    n_comp = visible_entries(pos, a.ratio, a.entry_capacity);
   } else if (a.mode == AttnEntries::kSelected) {
     n_comp = sel_n;
   }
@@ -476,7 +475,8 @@ struct SplitPlan {
 };
 
 // Splits keys only when queries x head groups leave SMs idle; never depends
-// on the position, so a captured step keeps its grid.
+// on the position (only on capacities and entry_bound), so a captured step
+// keeps its grid.
 SplitPlan plan_splits(const AttentionArgs& a) {
   const int64_t visible = a.entry_bound > 0 ? std::min(a.entry_bound, a.entry_capacity) : a.entry_capacity;
   const int64_t max_comp = a.mode == AttnEntries::kVisible ? visible

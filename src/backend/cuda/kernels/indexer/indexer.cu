@@ -37,11 +37,6 @@ constexpr int kHeads = 64;    // head rows (MMA M), zero-padded
 constexpr int kMaxHd = 128;
 constexpr int kLd = kMaxHd + 8;  // bf16 row stride: rows start 4 banks apart
 
-__device__ __forceinline__ int64_t n_visible(int64_t pos, int ratio, int64_t capacity) {
-  const int64_t v = visible_entries(pos, ratio);
-  return v < capacity ? v : capacity;
-}
-
 template <bool kSplit>
 __device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
   uint16_t h[4], l[4];
@@ -82,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
   const int64_t t0 = int64_t(blockIdx.y) * kQueries;
   if (t0 >= step.T) return;
   const int64_t t_end = t0 + kQueries < step.T ? t0 + kQueries : step.T;
-  const int64_t n_max = n_visible(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
+  const int64_t n_max = visible_entries(step.pos0 + t_end - 1, a.ratio, a.capacity);  // the last query sees most
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   // Key tiles blockIdx.x, + gridDim.x, ... up to the visible ones: the grid is
@@ -134,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
     const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [kKeyTile / 2 kh, + kKeyTile / 2)
 
     for (int64_t t = t0; t < t_end; ++t) {
-      const int64_t n_vis = n_visible(step.pos0 + t, a.ratio, a.capacity);
+      const int64_t n_vis = visible_entries(step.pos0 + t, a.ratio, a.capacity);
       if (key0 >= n_vis) continue;  // uniform over the block
       if (t != t0) {
         // (the previous token's table and q_s were last read before this loop's later barriers)

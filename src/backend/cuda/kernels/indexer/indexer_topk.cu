@@ -45,11 +45,6 @@ constexpr int kHistAt = 8;    // [4][256]
 constexpr int kCountAt = kHistAt + 4 * 256;  // [kGridMaxBlocks][2]
 static_assert(kCountAt + 2 * kGridMaxBlocks <= kTopkScratchWords, "indexer.h: kTopkScratchWords too small");
 
-__device__ __forceinline__ int64_t n_visible(int64_t pos, int ratio, int64_t capacity) {
-  const int64_t v = visible_entries(pos, ratio);
-  return v < capacity ? v : capacity;
-}
-
 // Order-preserving map of floats onto unsigned integers.
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f + 0.0f);  // -0 -> +0: equal scores must get equal keys
@@ -225,7 +220,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
   const StepInfo step = *a.step;
   const int64_t t = blockIdx.x;
   if (t >= step.T) return;
-  const int64_t n = n_visible(step.pos0 + t, a.ratio, a.ld);
+  const int64_t n = visible_entries(step.pos0 + t, a.ratio, a.ld);
   const float* sc = a.scores + t * a.ld;
   int32_t* out = a.sel + t * a.k;
   if (n <= a.k) {  // every visible id, in order
@@ -243,26 +238,38 @@ __global__ void __launch_bounds__(NT) indexer_topk_f32_sm90(TopkArgs a) {
   if (threadIdx.x == 0) a.count[t] = a.k;
 }
 
-// The compaction of a block's chunk [0, m) (ids id0 + j) when the counts of
-// the chunks before it are known: each thread takes a contiguous run, so one
-// block scan places every run (a round-by-round scan pays two barriers per
-// NT keys). gt0 / eq0: keys above / equal to the k-th in earlier chunks.
-// m < 65536: both counts share one scan word.
+// The compaction of a block's chunk [0, m) in contiguous runs, one per
+// thread, so that one block scan places every run (a round-by-round scan pays
+// two barriers per NT keys). count_runs: each run's bounds and, packed as
+// (above << 16 | equal) with m < 65536, the chunk's keys above / equal to the
+// k-th before the run and in the whole chunk.
+struct Runs {
+  int64_t j0, j1;
+  uint32_t before, total;
+};
+
 template <int NT>
-__device__ __forceinline__ void compact_runs(const uint32_t* staged, int64_t m, int64_t id0, const Radix& r,
-                                             uint32_t gt0, uint32_t eq0, int32_t* out, uint32_t* warp_tot) {
+__device__ __forceinline__ Runs count_runs(const uint32_t* staged, int64_t m, const Radix& r, uint32_t* warp_tot) {
   const int64_t per = (m + NT - 1) / NT;
-  const int64_t j0 = int64_t(threadIdx.x) * per, j1 = j0 + per < m ? j0 + per : m;
+  Runs runs;
+  runs.j0 = int64_t(threadIdx.x) * per;
+  runs.j1 = runs.j0 + per < m ? runs.j0 + per : m;
   uint32_t gt = 0, eq = 0;
-  for (int64_t j = j0; j < j1; ++j) {
+  for (int64_t j = runs.j0; j < runs.j1; ++j) {
     const uint32_t u = staged[j];
     gt += u > r.prefix;
     eq += u == r.prefix;
   }
-  uint32_t total = 0;
-  const uint32_t before = block_exclusive_scan<NT>(gt << 16 | eq, warp_tot, total);
-  gt = gt0 + (before >> 16), eq = eq0 + (before & 0xffffu);  // keys of lower ids
-  for (int64_t j = j0; j < j1; ++j) {
+  runs.before = block_exclusive_scan<NT>(gt << 16 | eq, warp_tot, runs.total);
+  return runs;
+}
+
+// Writes the taken ids (id0 + j) of this thread's run; gt0 / eq0: keys above
+// / equal to the k-th in the chunks before this one.
+__device__ __forceinline__ void write_run(const uint32_t* staged, const Runs& runs, int64_t id0, const Radix& r,
+                                          uint32_t gt0, uint32_t eq0, int32_t* out) {
+  uint32_t gt = gt0 + (runs.before >> 16), eq = eq0 + (runs.before & 0xffffu);  // keys of lower ids
+  for (int64_t j = runs.j0; j < runs.j1; ++j) {
     const uint32_t u = staged[j];
     // A taken key's place: the larger keys of lower id, plus the equal ones
     // of lower id up to the number taken.
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_grid_sm90(TopkArgs a, int64_t
   const StepInfo step = *a.step;
   if (step.T < 1) return;
   // Every branch below depends only on n and the grid: grid-uniform.
-  const int64_t n = n_visible(step.pos0, a.ratio, a.ld);
+  const int64_t n = visible_entries(step.pos0, a.ratio, a.ld);
   if (n <= a.k) {
     for (int64_t j = int64_t(blockIdx.x) * NT + threadIdx.x; j < n; j += int64_t(gridDim.x) * NT) a.sel[j] = int32_t(j);
     if (blockIdx.x == 0 && threadIdx.x == 0) a.count[0] = int32_t(n);
@@ -304,7 +311,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_grid_sm90(TopkArgs a, int64_t
   auto key_at = [&](int64_t j) { return staged[j]; };
   if (nb == 1) {  // the row is block 0's chunk
     const Radix r = radix_select<NT>(key_at, m, a.k, sm, own_histogram());
-    compact_runs<NT>(staged, m, 0, r, 0u, 0u, a.sel, sm.warp_tot);
+    write_run(staged, count_runs<NT>(staged, m, r, sm.warp_tot), 0, r, 0u, 0u, a.sel);
     if (threadIdx.x == 0) a.count[0] = a.k;
     return;
   }
@@ -325,20 +332,8 @@ __global__ void __launch_bounds__(NT) indexer_topk_grid_sm90(TopkArgs a, int64_t
 
   // This block's keys above and at the k-th, then its offset from the blocks
   // before it (ids increase with the block).
-  if (threadIdx.x < 2) s_sum[threadIdx.x] = 0;
-  __syncthreads();
-  uint32_t gt = 0, eq = 0;
-  for (int64_t j = threadIdx.x; j < m; j += NT) {
-    const uint32_t u = staged[j];
-    gt += u > r.prefix;
-    eq += u == r.prefix;
-  }
-  gt = __reduce_add_sync(0xffffffffu, gt);
-  eq = __reduce_add_sync(0xffffffffu, eq);
-  if ((threadIdx.x & 31) == 0) atomicAdd(&s_sum[0], gt), atomicAdd(&s_sum[1], eq);
-  __syncthreads();
-  if (threadIdx.x == 0) g_count[2 * blockIdx.x] = s_sum[0], g_count[2 * blockIdx.x + 1] = s_sum[1];
-  __syncthreads();
+  const Runs runs = count_runs<NT>(staged, m, r, sm.warp_tot);
+  if (threadIdx.x == 0) g_count[2 * blockIdx.x] = runs.total >> 16, g_count[2 * blockIdx.x + 1] = runs.total & 0xffffu;
   if (threadIdx.x < 2) s_sum[threadIdx.x] = 0;
   grid_arrive(ctr + kCtrCount);
   grid_wait(ctr + kCtrCount, nb);
@@ -347,7 +342,7 @@ __global__ void __launch_bounds__(NT) indexer_topk_grid_sm90(TopkArgs a, int64_t
     atomicAdd(&s_sum[1], __ldcg(g_count + 2 * b + 1));
   }
   __syncthreads();
-  compact_runs<NT>(staged, m, lo, r, s_sum[0], s_sum[1], a.sel, sm.warp_tot);
+  write_run(staged, runs, lo, r, s_sum[0], s_sum[1], a.sel);
   if (blockIdx.x == 0 && threadIdx.x == 0) a.count[0] = a.k;
 
   // Every block is past its last wait and its last scratch read once all

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/grid_sync.cuh"
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -255,20 +256,11 @@ __global__ void __launch_bounds__(kSmallThreads) hc_fused_small_f32_sm90(HcFused
     part[threadIdx.x] = p;
   }
 
-  // Barrier over the token's blocks: arrive, wait, and the last to leave resets.
-  __threadfence();
-  __syncthreads();
+  // Barrier over the token's blocks (the last to leave resets it, below).
   unsigned* arrive = a.tickets + 2 * t;
   unsigned* depart = arrive + 1;
-  if (threadIdx.x == 0) {
-    atomicAdd(arrive, 1u);
-    // Poll with plain acquire loads: atomics from every block on one word serialise.
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrive) : "memory");
-    } while (seen < unsigned(nb));
-  }
-  __syncthreads();  // orders the block after thread 0's acquire
+  grid_arrive(arrive);
+  grid_wait(arrive, unsigned(nb));
 
   // Every block reduces the partials in block order (the same sums in every
   // block), from a shared-memory copy loaded all at once.
