@@ -139,13 +139,34 @@ __device__ __forceinline__ void topk_registers(float (&v)[kTopkPerLane], int (&i
   }
 }
 
+// This lane's correction biases for the register top-k (experts lane, lane +
+// 32, ...), loaded ahead: they are weights, so a launch can read them before
+// its wait, off the picks' chain. ok: false where the kernel had none to load
+// (route_token then reads a.bias itself).
+struct LaneBias {
+  float v[kTopkPerLane];
+  bool ok;
+};
+
+__device__ __forceinline__ LaneBias lane_bias(const RouterArgs& a) {
+  LaneBias b;
+  b.ok = a.bias != nullptr && a.tid2eid == nullptr && a.E <= 32 * kTopkPerLane;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kTopkPerLane; ++j) {
+    const int e = lane + 32 * j;
+    b.v[j] = b.ok && e < a.E ? a.bias[e] : 0.0f;
+  }
+  return b;
+}
+
 // One warp routes token t from its logits lg: [E] (global or shared memory):
 // scores, k picks of score + bias (ties: lower id) or the hash table's, and
 // the normalised weights into ids [k] / weights [k] (global or shared). s,
 // biased: [E] shared scratch of this warp (biased only for E > 256); sel:
 // [32] shared.
 __device__ inline void route_token(const RouterArgs& a, int64_t t, const float* lg, float* s, float* biased,
-                                   int32_t* sel, int32_t* ids, float* weights) {
+                                   int32_t* sel, int32_t* ids, float* weights, const LaneBias* pre = nullptr) {
   const int lane = threadIdx.x & 31;
   if (a.func == ScoreFunc::kSoftmax) {
     float m = -FLT_MAX;
@@ -174,7 +195,8 @@ __device__ inline void route_token(const RouterArgs& a, int64_t t, const float* 
     for (int j = 0; j < kTopkPerLane; ++j) {
       const int e = lane + 32 * j;
       id[j] = e < a.E ? e : 0x7fffffff;
-      v[j] = e < a.E ? s[e] + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
+      const float bias = pre != nullptr && pre->ok ? pre->v[j] : a.bias ? a.bias[e] : 0.0f;
+      v[j] = e < a.E ? s[e] + bias : -INFINITY;
     }
     topk_registers(v, id, a.k, sel);
   } else {

@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   const int e = int(blockIdx.x) * kGateRows + warp / kGateSplit, slice = warp % kGateSplit;
   GateSlice<kBf16> gs(gate, D, e, e < a.E, slice);
   gs.prefetch(lane);
+  // This lane's experts' biases (weights), in case this block routes (the last one).
+  const LaneBias bias = lane_bias(a);
   pdl_launch_dependents();
   pdl_wait();  // x is the previous kernel's output
   const int T = int(a.T);
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kGateWarps * 32) router_gate_topk_sm90(RouterA
   __syncthreads();
   if (warp < T)
     route_token(a, warp, lg + int64_t(warp) * a.E, smem + 2 * warp * a.E, smem + (2 * warp + 1) * a.E, sel[warp],
-                a.ids + int64_t(warp) * a.k, a.weights + int64_t(warp) * a.k);
+                a.ids + int64_t(warp) * a.k, a.weights + int64_t(warp) * a.k, &bias);
 }
 
 }  // namespace
