@@ -20,4 +20,9 @@ Status raise_smem_limit(const void* kernel, int bytes) {
   return Status::ok();
 }
 
+Status raise_smem_limits(std::initializer_list<SmemLimit> limits) {
+  for (const SmemLimit& l : limits) AFF_RETURN_IF_ERROR(raise_smem_limit(l.kernel, l.bytes));
+  return Status::ok();
+}
+
 }  // namespace aff::cuda

@@ -19,6 +19,7 @@
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/env_switch.h"
 #include "backend/cuda/runtime/pdl.h"
+#include "backend/cuda/runtime/smem_limit.h"
 
 namespace aff::cuda {
 namespace {
@@ -206,25 +207,15 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
 
 // Every kernel's shared-memory limit is raised on the first call (an eager
 // prefill), never inside a captured decode step.
-cudaError_t allow_smem_all() {
-  const cudaError_t errs[] = {
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<true, kKeyTileLong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<true, kKeyTileLong>::bytes)),
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<false, kKeyTileLong>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<false, kKeyTileLong>::bytes)),
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<true, kKeyTileShort>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<true, kKeyTileShort>::bytes)),
-      cudaFuncSetAttribute(indexer_scores_mma_sm90<false, kKeyTileShort>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(ScoreLayout<false, kKeyTileShort>::bytes)),
-  };
-  for (cudaError_t e : errs)
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
-}
-
 Status smem_ready() {
-  static const cudaError_t e = allow_smem_all();
-  return cuda_status(e, "indexer: shared memory limits");
+  auto k = [](auto f) { return reinterpret_cast<const void*>(f); };
+  static const Status s = raise_smem_limits({
+      {k(indexer_scores_mma_sm90<true, kKeyTileLong>), int(ScoreLayout<true, kKeyTileLong>::bytes)},
+      {k(indexer_scores_mma_sm90<false, kKeyTileLong>), int(ScoreLayout<false, kKeyTileLong>::bytes)},
+      {k(indexer_scores_mma_sm90<true, kKeyTileShort>), int(ScoreLayout<true, kKeyTileShort>::bytes)},
+      {k(indexer_scores_mma_sm90<false, kKeyTileShort>), int(ScoreLayout<false, kKeyTileShort>::bytes)},
+  });
+  return s;
 }
 
 template <bool kSplit, int kKeyTile>

@@ -23,6 +23,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/pdl.h"
+#include "backend/cuda/runtime/smem_limit.h"
 
 namespace aff::cuda {
 namespace {
@@ -355,25 +356,15 @@ __global__ void __launch_bounds__(NT) indexer_topk_grid_sm90(TopkArgs a, int64_t
 
 // Every kernel's shared-memory limit is raised on the first call (an eager
 // prefill, or a test), never inside a captured decode step.
-cudaError_t allow_smem_all() {
-  const cudaError_t errs[] = {
-      cudaFuncSetAttribute(indexer_topk_f32_sm90<1024, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes)),
-      cudaFuncSetAttribute(indexer_topk_f32_sm90<256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes)),
-      cudaFuncSetAttribute(indexer_topk_grid_sm90<kGridThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes)),
-      cudaFuncSetAttribute(indexer_topk_grid_sm90<kOneBlockThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes)),
-  };
-  for (cudaError_t e : errs)
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
-}
-
 Status smem_ready() {
-  static const cudaError_t e = allow_smem_all();
-  return cuda_status(e, "indexer_topk: shared memory limits");
+  auto k = [](auto f) { return reinterpret_cast<const void*>(f); };
+  static const Status s = raise_smem_limits({
+      {k(indexer_topk_f32_sm90<1024, true>), int(kMaxStagedBytes)},
+      {k(indexer_topk_f32_sm90<256, true>), int(kMaxStagedBytes)},
+      {k(indexer_topk_grid_sm90<kGridThreads>), int(kMaxStagedBytes)},
+      {k(indexer_topk_grid_sm90<kOneBlockThreads>), int(kMaxStagedBytes)},
+  });
+  return s;
 }
 
 template <int NT, bool kStaged>
