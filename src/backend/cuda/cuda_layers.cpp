@@ -45,6 +45,7 @@ struct Switches {
   // Opt-in (=1): the decode MoE in one launch (moe_fused). Correct but slower
   // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
   bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
+  bool iw_own = env_switch_on("AFF_CUDA_IW_OWN");  // the indexer's head weights on a stream of their own
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -409,9 +410,16 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool fork = compressed && side_ok;
   const bool fork_indexer = fork && w.indexer.present;
   cudaStream_t side = fork ? st.side.get() : s;
-  const IndexerStreams iss{fork_indexer ? st.side2.get() : s, side, fork_indexer ? st.side3.get() : s, s};
+  // The indexer's head weights read only x: on side3 (which its queries use
+  // only after them) they do not queue behind the KV compressor on `side`,
+  // which in a step completing an entry projects 4 rows through 16 MB of
+  // BF16 weights first (AFF_CUDA_IW_OWN=0: on `side`).
+  const bool iw_own = fork_indexer && switches().iw_own;
+  const IndexerStreams iss{fork_indexer ? st.side2.get() : s, iw_own ? st.side3.get() : side,
+                           fork_indexer ? st.side3.get() : s, s};
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
   if (fork_indexer) AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.fork));
+  if (iw_own) AFF_RETURN_IF_ERROR(stream_after(iss.w, s, st.fork));
   // The previous mHC site's deferred comb: beside wq_a + wkv, or first on its own.
   if (ablated("wq_a") || !paired) AFF_RETURN_IF_ERROR(hc_comb_run(job, s));
   if (ablated("wq_a")) {

@@ -125,8 +125,8 @@ class GpuState {
   Stream stream;
   // Decode of a compressed layer runs its compressors and indexer beside the
   // query path on `stream` (short chains of latency-bound kernels): the
-  // attention's compressor and the indexer's head weights on `side`, the
-  // indexer's compressor and its selection on `side2`, the indexer's queries
+  // attention's compressor on `side`, the indexer's compressor and its
+  // selection on `side2`, the indexer's head weights and then its queries
   // on `side3` (after qr). Fork at the layer's start, join before attention.
   // When the attention finishes its queries itself, the KV latent's norm and
   // RoPE run on `side3` (which the indexer's queries then leave free) beside

@@ -30,34 +30,47 @@ __device__ __forceinline__ void fetch_slot(const CompressorPoolArgs& a, int64_t 
   }
 }
 
+// Channel ch of entry b: the softmax over its slots' gates of their values,
+// slots in order (the previous block's r when overlapping, then its own r).
+// The slots' loads go out kBatch at a time: a slot is a dependent L2 round
+// trip otherwise, and a ratio-4 entry with overlap (8 slots, two passes) took
+// ~20 us of them in the decode step that completes it. Same terms in the same
+// order as one slot at a time, so the same bits.
 __device__ float pool_channel(const CompressorPoolArgs& a, int64_t pos0, int64_t b, int ch) {
+  constexpr int kBatch = 8;
   const int r = a.ratio;
   const int width = a.overlap ? 2 * a.dim : a.dim;
-  const bool with_prev = a.overlap && b > 0;
+  const int n_prev = a.overlap && b > 0 ? r : 0, n = n_prev + r;
   const int own_col = a.overlap ? a.dim + ch : ch;  // this block's own (B) half
-  float m = -FLT_MAX, g, v;
-  if (with_prev)
-    for (int s = 0; s < r; ++s) {
-      fetch_slot(a, pos0, (b - 1) * r + s, width, ch, g, v);
-      m = fmaxf(m, g);
-    }
-  for (int s = 0; s < r; ++s) {
-    fetch_slot(a, pos0, b * r + s, width, own_col, g, v);
-    m = fmaxf(m, g);
+  auto fetch = [&](int i, float& g, float& v) {
+    if (i < n_prev) fetch_slot(a, pos0, (b - 1) * r + i, width, ch, g, v);
+    else fetch_slot(a, pos0, b * r + (i - n_prev), width, own_col, g, v);
+  };
+  float g[kBatch], v[kBatch];
+  float m = -FLT_MAX;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (i0 + j < n) fetch(i0 + j, g[j], v[j]);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (i0 + j < n) m = fmaxf(m, g[j]);
   }
   float denom = 0.0f, acc = 0.0f;
-  if (with_prev)
-    for (int s = 0; s < r; ++s) {
-      fetch_slot(a, pos0, (b - 1) * r + s, width, ch, g, v);
-      const float p = expf(g - m);
-      denom += p;
-      acc += p * v;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    if (n > kBatch) {  // one batch: its values are still in registers
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (i0 + j < n) fetch(i0 + j, g[j], v[j]);
     }
-  for (int s = 0; s < r; ++s) {
-    fetch_slot(a, pos0, b * r + s, width, own_col, g, v);
-    const float p = expf(g - m);
-    denom += p;
-    acc += p * v;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j < n) {
+        const float p = expf(g[j] - m);
+        denom += p;
+        acc += p * v[j];
+      }
+    }
   }
   return acc / denom;
 }
