@@ -285,12 +285,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8MmaPair,
 
 // BF16 weights stacked in one launch: a compressor's wkv and wgate at decode
 // (V4's CSA 2 x 1024 rows, the indexer's 2 x 256, an odd second weight) for
-// 1..3 tokens and both precisions.
-class GemvBf16MmaPair : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> {};
+// 1..4 tokens and both precisions; the last field caps the launch's blocks
+// (PairOptions::max_blocks: wider blocks, fewer split-K warps; 0: uncapped).
+class GemvBf16MmaPair
+    : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int>> {};
 
 TEST_P(GemvBf16MmaPair, EachWeightWritesItsOwnProduct) {
   AFF_SKIP_WITHOUT_GPU();
-  const auto [out1, out2, in, T, exact] = GetParam();
+  const auto [out1, out2, in, T, exact, max_blocks] = GetParam();
   std::mt19937_64 rng(std::random_device{}());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto random_rows = [&](int64_t out) {
@@ -323,17 +325,24 @@ TEST_P(GemvBf16MmaPair, EachWeightWritesItsOwnProduct) {
   w1.weight = dw1->as<uint8_t>(), w2.weight = dw2->as<uint8_t>();
   ASSERT_TRUE(gemv_mma_pair_supports(w1, w2));
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
-  ASSERT_TRUE(gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr)
-                  .is_ok());
+  PairOptions o;
+  o.max_blocks = max_blocks;
+  ASSERT_TRUE(
+      gemv_mma_pair(w1, w2, dx->as<float>(), in, T, dy1->as<float>(), out1, dy2->as<float>(), out2, nullptr, o)
+          .is_ok());
   expect_close(*dy1, want1, Shape{out1, in, 0, out1, T}, exact, "bf16 pair w1");
   expect_close(*dy2, want2, Shape{out2, in, 0, out2, T}, exact, "bf16 pair w2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvBf16MmaPair,
-                         ::testing::Values(std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), true),
-                                           std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), false),
-                                           std::make_tuple(int64_t(256), int64_t(256), int64_t(4096), int64_t(2), true),
-                                           std::make_tuple(int64_t(128), int64_t(333), int64_t(1536), int64_t(3), true)));
+                         ::testing::Values(std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), true, 0),
+                                           std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(1), false, 0),
+                                           std::make_tuple(int64_t(256), int64_t(256), int64_t(4096), int64_t(2), true, 0),
+                                           std::make_tuple(int64_t(128), int64_t(333), int64_t(1536), int64_t(3), true, 0),
+                                           std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(4), true, 32),
+                                           std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(4), false, 16),
+                                           std::make_tuple(int64_t(256), int64_t(256), int64_t(4096), int64_t(4), true, 7),
+                                           std::make_tuple(int64_t(128), int64_t(333), int64_t(1536), int64_t(3), true, 5)));
 
 // The query path's q_norm folded into wq_b: x's rows RMS-normalised with a
 // weight inside the launch must match the double product of the normalised

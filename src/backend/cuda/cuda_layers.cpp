@@ -54,6 +54,11 @@ struct Switches {
   // 6.39 ms/token with all SMs for the routed launch).
   int shared_sms = env_int("AFF_CUDA_SHARED_SMS", 50, 1, 100);
   int routed_sms = env_int("AFF_CUDA_ROUTED_SMS", 50, 1, 100);
+  // Most blocks of a compressor's step-gated projection launch (0: as the
+  // GEMV plans it, 128 for a CSA layer's): beside wq_a and wq_b in a step that
+  // completes a unit, fewer, wider blocks leave them more SMs (docs/BENCHMARKS.md:
+  // 5.601 vs 5.623 ms/token at 4K; 16 and 64 within 0.003 of 32).
+  int comp_blocks = env_int("AFF_CUDA_COMP_BLOCKS", 32, 0, 1024);
 };
 
 const Switches& switches() {
@@ -95,7 +100,7 @@ Status compressor_project(const DeviceCompressor& c, const float* x, int64_t ldx
   // of latency, and the chain they start is on the step's critical path).
   if (!linear_uses_gemm(c.wkv, T) && !linear_uses_gemm(c.wgate, T) && gemv_mma_pair_supports(c.wkv, c.wgate)) {
     PairOptions o;
-    if (only_at != nullptr) o.step = only_at, o.complete_ratio = every;
+    if (only_at != nullptr) o.step = only_at, o.complete_ratio = every, o.max_blocks = switches().comp_blocks;
     return gemv_mma_pair(c.wkv, c.wgate, x, ldx, T, kv, width, gate, width, s, o);
   }
   AFF_RETURN_IF_ERROR(linear_rows(c.wkv, 0, c.wkv.out, x, ldx, T, kv, width, s));

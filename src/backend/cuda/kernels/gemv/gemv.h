@@ -60,12 +60,15 @@ Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* 
 //    position completes a block of complete_ratio positions ((pos0 + 1) %
 //    ratio == 0, pos0 read from the device's StepInfo); otherwise every block
 //    leaves at once (a compressor's projections, needed only then).
+//  - max_blocks > 0: at most that many blocks (more row tiles per block), for
+//    a launch beside the step's path that should leave most SMs to it.
 struct PairOptions {
   const float* norm = nullptr;
   float eps = 0.0f;
   HcCombJob job;
   const StepInfo* step = nullptr;
   int complete_ratio = 0;
+  int max_blocks = 0;
 };
 
 // Two projections of the same x in one launch (w1's rows, then w2's, as if

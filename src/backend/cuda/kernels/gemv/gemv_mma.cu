@@ -476,7 +476,8 @@ namespace {
 Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const float* x, int64_t ldx, int64_t T,
                   float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, const DeviceLinear* pair2,
                   float* y2, int64_t ldy2, cudaStream_t stream, const float* x_norm = nullptr, float eps = 0.0f,
-                  const HcCombJob& job = {}, const StepInfo* run_step = nullptr, int run_ratio = 0) {
+                  const HcCombJob& job = {}, const StepInfo* run_step = nullptr, int run_ratio = 0,
+                  int max_blocks = 0) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
   const bool exact = mma_precision() != MmaPrecision::kBf16;
@@ -499,7 +500,11 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
   static const int block_warps = env_int("AFF_CUDA_GEMV_BLOCK_WARPS", 8, 1, kMaxWarps);
   int split = 1;
   while (split < kMaxWarps && split * 2 <= nkb && tiles * split < int64_t(sms) * warps_sm) split *= 2;
-  const int rt = int(std::max<int64_t>(1, std::min<int64_t>(std::max(1, block_warps / split), tiles_per_group)));
+  int rt = int(std::max<int64_t>(1, std::min<int64_t>(std::max(1, block_warps / split), tiles_per_group)));
+  if (max_blocks > 0 && (tiles_per_group + rt - 1) / rt > max_blocks) {  // fewer, wider blocks
+    rt = int(std::min<int64_t>(kMaxWarps, (tiles_per_group + max_blocks - 1) / max_blocks));
+    split = std::max(1, std::min(split, kMaxWarps / rt));
+  }
   const int64_t blocks = (tiles_per_group + rt - 1) / rt;
   // Tokens per launch: as many as the staging allows (more launches re-read the weights).
   int64_t tc = std::min<int64_t>(T, kMaxTok);
@@ -555,7 +560,7 @@ Status gemv_mma_pair(const DeviceLinear& w1, const DeviceLinear& w2, const float
     return internal_error("gemv_mma_pair: a launch that may skip itself cannot carry a comb job");
   const int64_t rows = w1.out + w2.out;
   return launch_mma(w1, 0, rows, x, ldx, T, y1, ldy1, round_up16(rows), 0, &w2, y2, ldy2, stream, o.norm, o.eps, o.job,
-                    o.step, o.step != nullptr ? o.complete_ratio : 0);
+                    o.step, o.step != nullptr ? o.complete_ratio : 0, o.max_blocks);
 }
 
 }  // namespace aff::cuda
