@@ -32,7 +32,6 @@ constexpr double kTolBf16x3 = 2e-5;
 // outputs are weighted means of keys, so the relative RMS stays near 3e-3.
 constexpr double kTolBf16 = 1e-2;
 
-uint64_t fresh_seed() { return std::random_device{}(); }
 
 std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
   std::normal_distribution<float> nd(0.0f, sd);
@@ -136,9 +135,7 @@ void run_attention_case(const AttnCase& c, std::mt19937_64& rng) {
 
 TEST(AttentionMma, DecodeMatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const std::vector<AttnCase> cases = {
       {"decode hca, 0 entries, window 3/128", 64, 512, 128, 1, 2, AttnEntries::kVisible, 4, 40},
       {"decode hca, 1 entry", 64, 512, 128, 1, 4, AttnEntries::kVisible, 4, 40},
@@ -165,9 +162,7 @@ TEST(AttentionMma, DecodeMatchesReference) {
 
 TEST(AttentionMma, PrefillMatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const std::vector<AttnCase> cases = {
       {"prefill swa from 0", 64, 512, 128, 37, 0, AttnEntries::kNone},
       {"prefill hca across ring+chunk", 64, 512, 128, 45, 203, AttnEntries::kVisible, 16, 30},
@@ -243,9 +238,7 @@ void run_q_finish_case(const std::string& name, int H, int Dh, int rope_dim, int
 
 TEST(AttentionMma, FinishesItsQueries) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   run_q_finish_case("V4 decode csa (64 x 512, rope 64)", 64, 512, 64, 1, 1000, AttnEntries::kSelected, rng);
   run_q_finish_case("V4 draft of 3, hca", 64, 512, 64, 3, 777, AttnEntries::kVisible, rng);
   run_q_finish_case("5 heads x 128, rope 64, swa", 5, 128, 64, 1, 40, AttnEntries::kNone, rng);
@@ -322,9 +315,7 @@ void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd,
 
 TEST(IndexerScoresMma, MatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   run_indexer_case(1, 1203, 333, 64, 128, 4, MmaPrecision::kBf16x3, rng);   // decode, capacity past visible
   run_indexer_case(1, 3, 333, 64, 128, 4, MmaPrecision::kBf16x3, rng);      // decode, one entry visible
   run_indexer_case(37, 500, 140, 64, 128, 4, MmaPrecision::kBf16x3, rng);   // prefill, visibility grows

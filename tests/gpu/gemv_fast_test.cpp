@@ -60,9 +60,7 @@ class GemvShapeTest : public ::testing::TestWithParam<ShapeCase> {};
 TEST_P(GemvShapeTest, MatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
   const ShapeCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::Keep keep;
   const bool ggml = c.format == WeightFormat::kGgml;
   const dsv4::Linear w = ggml ? testing::random_ggml_linear(c.ggml, c.out, c.in, rng, keep)

@@ -77,9 +77,7 @@ class GgmlGemvTest : public ::testing::TestWithParam<GgmlCase> {};
 TEST_P(GgmlGemvTest, MatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
   const GgmlCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::Keep keep;
   const dsv4::Linear w = testing::random_ggml_linear(c.type, c.out, c.in, rng, keep);
   DeviceArena arena;

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <random>
 #include <string>
 
 #include "backend/device_probe.h"
@@ -17,7 +20,21 @@ inline bool gpu_present(std::string* why) {
   return present;
 }
 
+// A test's random seed: AFF_TEST_SEED when set (to replay a failure, whose
+// message carries the seed), else a fresh one per run.
+inline uint64_t test_seed() {
+  if (const char* s = std::getenv("AFF_TEST_SEED"); s != nullptr && *s != '\0') return std::strtoull(s, nullptr, 10);
+  return std::random_device{}();
+}
+
 }  // namespace aff::cuda::testing
+
+// Declares `seed` (test_seed()) and `rng` (a 64-bit Mersenne Twister from it)
+// and names the seed in every failure of the enclosing scope.
+#define AFF_SEEDED_RNG(seed, rng)                                \
+  const uint64_t seed = ::aff::cuda::testing::test_seed();       \
+  SCOPED_TRACE("seed " + std::to_string(seed));                  \
+  std::mt19937_64 rng(seed)
 
 #define AFF_SKIP_WITHOUT_GPU()                                                                   \
   do {                                                                                           \

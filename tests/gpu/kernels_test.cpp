@@ -25,7 +25,6 @@
 namespace aff::cuda {
 namespace {
 
-uint64_t fresh_seed() { return std::random_device{}(); }
 
 // A random weight [out, in] stored as `format`, bytes owned by `keep`.
 dsv4::Linear random_linear(dsv4::WeightFormat format, int64_t out, int64_t in, int block, std::mt19937_64& rng,
@@ -94,9 +93,7 @@ class GemvTest : public ::testing::TestWithParam<GemvCase> {};
 TEST_P(GemvTest, MatchesReferenceForOddShapes) {
   AFF_SKIP_WITHOUT_GPU();
   const GemvCase c = GetParam();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> keep;
   const dsv4::Linear w = random_linear(c.format, c.out, c.in, c.block, rng, keep);
   DeviceArena arena;
@@ -145,9 +142,7 @@ std::vector<int32_t> topk_reference(const float* s, int64_t n, int k) {
 
 TEST(IndexerTopk, MatchesBruteForceWithTiesAndShortRows) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   for (const auto& [n_entries, k, ratio] : {std::tuple<int64_t, int, int>{1000, 37, 4}, {3001, 512, 4}, {20, 64, 4}}) {
     const int64_t T = 9, pos0 = n_entries * ratio - T;  // the last queries see every entry
     std::vector<float> scores(size_t(T * n_entries));
@@ -185,9 +180,7 @@ TEST(IndexerTopk, MatchesBruteForceWithTiesAndShortRows) {
 // same scratch, which must be zero again after.
 TEST(IndexerTopk, DecodeFormMatchesBruteForce) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const int k = 512, ratio = 4;
   auto scratch = DeviceBuffer::allocate(size_t(kTopkScratchWords) * 4, "scratch");
   ASSERT_TRUE(scratch.is_ok());

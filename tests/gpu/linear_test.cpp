@@ -33,9 +33,7 @@ constexpr double kTolBf16 = 1e-2;
 
 TEST(PrefillGemm, MatchesGemvForEveryFormat) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   struct Shape {
     int64_t out, in, T, row_begin, row_end, ldx_pad, ldy_pad;
   };
@@ -123,9 +121,7 @@ std::vector<float> host_of(const DeviceBuffer& b) {
 // [g*K, (g+1)*K); the batched GEMM against each group's GEMV.
 TEST(PrefillGemm, GroupedRowsMatchPerGroupGemv) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const int G = 3;
   const int64_t R = 96, K = 256, T = kGemmMinTokens + 5, ldx = G * K + 8, ldy = G * R + 3;
   for (DevFormat f : {DevFormat::kFP8Block, DevFormat::kMXFP4}) {

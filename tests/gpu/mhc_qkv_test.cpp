@@ -181,9 +181,7 @@ Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool d
 
 TEST(HcFused, MatchesCpuAtDecodeAndPrefillSizes) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   auto stream = Stream::create();
   ASSERT_TRUE(stream.is_ok()) << stream.status().message();
 
@@ -261,9 +259,7 @@ TEST(HcFused, MatchesCpuAtDecodeAndPrefillSizes) {
 // own launch (hc_comb_run) gives, while those launches still do their own work.
 TEST(HcCombJob, ExtraBlocksGiveTheBitsOfTheJobsOwnLaunch) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   for (int64_t T : {1, 3, 8}) {
     SCOPED_TRACE("T " + std::to_string(T));
     const std::vector<float> logits = randn(rng, size_t(T * kHc * kHc), 0.0f, 2.0f);
@@ -388,9 +384,7 @@ Result<std::vector<std::vector<float>>> run_qkv(const QkvCase& c, const std::vec
 
 TEST(QkvFinish, MatchesCpuAtDecodeAndPrefillSizes) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   auto stream = Stream::create();
   ASSERT_TRUE(stream.is_ok()) << stream.status().message();
 

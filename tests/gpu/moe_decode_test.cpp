@@ -101,9 +101,7 @@ class MoeDecodeTest : public ::testing::TestWithParam<MoeCase> {};
 TEST_P(MoeDecodeTest, MatchesReference) {
   AFF_SKIP_WITHOUT_GPU();
   const MoeCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::Keep keep;
   const int64_t D = 512, I = 256;
   const int E = 5;
@@ -232,9 +230,7 @@ class MoeDecodeFastTest : public ::testing::TestWithParam<FastCase> {};
 TEST_P(MoeDecodeFastTest, MatchesReferenceAndRepeatsBits) {
   AFF_SKIP_WITHOUT_GPU();
   const FastCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::Keep keep;
   const int64_t D = c.D, I = c.I;
   std::vector<dsv4::ExpertWeights> routed(size_t(c.k > 0 ? c.E : 1)), shared(1);

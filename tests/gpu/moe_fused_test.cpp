@@ -56,9 +56,7 @@ std::vector<T> fetch(const DeviceBuffer& b, size_t n) {
 TEST_P(MoeFusedTest, MatchesRouterAndLaunchesBitForBit) {
   AFF_SKIP_WITHOUT_GPU();
   const FusedCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::Keep keep;
   // Two distinct experts, repeated through the E slots (random V4-sized experts are slow to make).
   std::vector<dsv4::ExpertWeights> routed(size_t(std::min(c.E, 2))), shared(1);

@@ -54,9 +54,7 @@ constexpr double kTolBf16 = 1.5e-2;
 
 TEST(MoeGrouped, MatchesPerPairExperts) {
   AFF_SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const int E = 9, k = 3;
   const int64_t D = 256, F = 192, T = 41;
   for (DevFormat f : {DevFormat::kFP8Block, DevFormat::kMXFP4, DevFormat::kBF16}) {
@@ -389,9 +387,7 @@ class MoeGroupedGgml : public ::testing::TestWithParam<GgmlExpertCase> {};
 TEST_P(MoeGroupedGgml, MatchesReferenceAndRepeatsBits) {
   AFF_SKIP_WITHOUT_GPU();
   const GgmlExpertCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   const int E = int(c.counts.size());
   const int64_t D = c.D, I = c.I;
   const int64_t P = std::accumulate(c.counts.begin(), c.counts.end(), int64_t(0));

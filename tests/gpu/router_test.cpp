@@ -31,9 +31,7 @@ class RouterGateTopk : public ::testing::TestWithParam<RouterCase> {};
 TEST_P(RouterGateTopk, MatchesGemvThenTopk) {
   AFF_SKIP_WITHOUT_GPU();
   const RouterCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  AFF_SEEDED_RNG(seed, rng);
   testing::RandomWeight gate = testing::make_weight(c.format, c.E, c.D, rng);
   std::normal_distribution<float> nd(0.0f, 0.05f);
   std::vector<float> x(size_t(c.T * c.D)), bias(size_t(c.E));

@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/gemm/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.h"
+#include "backend/cuda/runtime/smem_limit.h"
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/env_switch.h"
 
@@ -509,26 +510,20 @@ SplitPlan plan_splits(const AttentionArgs& a) {
 }
 
 template <int NT, bool kSplit, int MT>
-cudaError_t allow_smem() {
-  return cudaFuncSetAttribute(attention_mma_sm90<NT, kSplit, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(Layout<NT, kSplit, MT>::bytes));
-}
-
-template <bool kSplit, int MT>
-cudaError_t allow_smem_all_nt() {
-  for (cudaError_t e : {allow_smem<1, kSplit, MT>(), allow_smem<2, kSplit, MT>(), allow_smem<3, kSplit, MT>(),
-                        allow_smem<4, kSplit, MT>(), allow_smem<8, kSplit, MT>()})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+SmemLimit smem_of() {
+  return {reinterpret_cast<const void*>(attention_mma_sm90<NT, kSplit, MT>), int(Layout<NT, kSplit, MT>::bytes)};
 }
 
 // Every variant's shared-memory limit is raised on the first call (an eager
 // prefill), never inside a captured decode step.
-cudaError_t allow_smem_all() {
-  for (cudaError_t e : {allow_smem_all_nt<true, 1>(), allow_smem_all_nt<true, 4>(), allow_smem_all_nt<false, 1>(),
-                        allow_smem_all_nt<false, 4>()})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+Status allow_smem_all() {
+  return raise_smem_limits({smem_of<1, true, 1>(), smem_of<2, true, 1>(), smem_of<3, true, 1>(),
+                            smem_of<4, true, 1>(), smem_of<8, true, 1>(), smem_of<1, true, 4>(),
+                            smem_of<2, true, 4>(), smem_of<3, true, 4>(), smem_of<4, true, 4>(),
+                            smem_of<8, true, 4>(), smem_of<1, false, 1>(), smem_of<2, false, 1>(),
+                            smem_of<3, false, 1>(), smem_of<4, false, 1>(), smem_of<8, false, 1>(),
+                            smem_of<1, false, 4>(), smem_of<2, false, 4>(), smem_of<3, false, 4>(),
+                            smem_of<4, false, 4>(), smem_of<8, false, 4>()});
 }
 
 template <int NT, bool kSplit, int MT>
@@ -574,8 +569,7 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
     return internal_error("attention: selected entries missing");
   if (a.q_finish && !attention_finishes_q(a)) return internal_error("attention: q_finish with unsupported arguments");
-  static const cudaError_t smem_ok = allow_smem_all();
-  AFF_CUDA_RETURN_IF_ERROR(smem_ok);
+  AFF_RETURN_IF_ERROR(allow_smem_all());
   const SplitPlan p = plan_splits(a);
   const bool few = a.T <= kFewQueries, split = a.precision == MmaPrecision::kBf16x3;
   AFF_RETURN_IF_ERROR(split ? (few ? launch_nt<true, 1>(a, p, stream) : launch_nt<true, 4>(a, p, stream))

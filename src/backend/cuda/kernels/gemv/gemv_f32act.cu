@@ -15,12 +15,12 @@
 // gemv_<fmt>_f32_sm90 (warp per row, row_dot.cuh) remains as the fallback for
 // ggml rows too long to stage in shared memory.
 #include <algorithm>
-#include <mutex>
 
 #include "backend/cuda/kernels/common/fast_dot.cuh"
 #include "backend/cuda/kernels/gemm/mma_precision.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/smem_limit.h"
 #include "backend/cuda/runtime/pdl.h"
 #include "backend/cuda/runtime/device_info.h"
 
@@ -135,17 +135,11 @@ constexpr int64_t kMaxPermBytes = 64 * 1024;  // permuted f32 x per block (T * i
 bool g_ggml_ring = true;
 bool g_native_perm = false;  // not yet measured on the GPU: opt-in until it is
 
-// Raises a kernel's dynamic shared memory limit once (before any graph capture:
-// the first GEMV of a process runs eagerly).
+// Raises a kernel's dynamic shared memory limit (before any graph capture:
+// the first GEMV of a process runs eagerly; later calls do nothing).
 template <WPath P, int TT>
 Status allow_stage_smem() {
-  static std::once_flag once;
-  static cudaError_t err = cudaSuccess;
-  std::call_once(once, [] {
-    err = cudaFuncSetAttribute(gemv_any_f32_sm90<P, TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(kMaxStageBytes));
-  });
-  return cuda_status(err, "cudaFuncSetAttribute(gemv_any_f32_sm90)");
+  return raise_smem_limit(reinterpret_cast<const void*>(gemv_any_f32_sm90<P, TT>), int(kMaxStageBytes));
 }
 
 // Elements one lane decodes per step (sets how many lanes a row can feed).
