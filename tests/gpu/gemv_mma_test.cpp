@@ -146,7 +146,7 @@ class GemvFp8Mma : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
 TEST_P(GemvFp8Mma, MatchesTheHostProduct) {
   AFF_SKIP_WITHOUT_GPU();
   const auto [sh, exact] = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   const HostFp8 h = random_fp8(sh.out, sh.in, rng);
   const std::vector<float> x = random_x(sh.T * sh.in, rng);
   const int64_t n = sh.row_end - sh.row_begin;
@@ -185,7 +185,7 @@ class GemvBf16Mma : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
 TEST_P(GemvBf16Mma, MatchesTheHostProduct) {
   AFF_SKIP_WITHOUT_GPU();
   const auto [sh, exact] = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<uint16_t> wb(size_t(sh.out * sh.in));
   for (uint16_t& v : wb) v = f32_to_bf16(nd(rng) * 0.05f);
@@ -260,7 +260,7 @@ class GemvFp8MmaPair : public ::testing::TestWithParam<std::tuple<int64_t, int64
 TEST_P(GemvFp8MmaPair, EachWeightWritesItsOwnProduct) {
   AFF_SKIP_WITHOUT_GPU();
   const auto [out1, out2, in, T, exact] = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
   const std::vector<float> x = random_x(T * in, rng);
   const std::vector<double> want1 = host_product(h1, x, T), want2 = host_product(h2, x, T);
@@ -293,7 +293,7 @@ class GemvBf16MmaPair
 TEST_P(GemvBf16MmaPair, EachWeightWritesItsOwnProduct) {
   AFF_SKIP_WITHOUT_GPU();
   const auto [out1, out2, in, T, exact, max_blocks] = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto random_rows = [&](int64_t out) {
     std::vector<uint16_t> w(size_t(out * in));
@@ -352,7 +352,7 @@ class GemvFp8MmaNormed : public ::testing::TestWithParam<std::tuple<int64_t, int
 TEST_P(GemvFp8MmaNormed, MatchesTheProductOfTheNormalisedRows) {
   AFF_SKIP_WITHOUT_GPU();
   const auto [out, in, T, exact] = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   const HostFp8 h = random_fp8(out, in, rng);
   const std::vector<float> x = random_x(T * in, rng);
   std::vector<float> norm(static_cast<size_t>(in));
@@ -392,7 +392,7 @@ TEST_P(GemvFp8MmaPairNormed, BothWeightsReadTheNormedX) {
   const auto [T, exact] = GetParam();
   const int64_t out1 = 2048, out2 = 512, in = 1024;
   const float eps = 1e-6f;
-  std::mt19937_64 rng(std::random_device{}());
+  AFF_SEEDED_RNG(seed, rng);
   const HostFp8 h1 = random_fp8(out1, in, rng), h2 = random_fp8(out2, in, rng);
   const std::vector<float> x = random_x(T * in, rng);
   std::normal_distribution<float> nd(1.0f, 0.3f);

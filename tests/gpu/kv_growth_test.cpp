@@ -66,7 +66,9 @@ TEST(KvGrowth, GrowingStateGivesTheLogitsOfAFullyCommittedOne) {
   const int64_t V = (*loaded)->config.vocab_size;
 
   // Odd chunk sizes, a prefill past the initial commit, then decode steps.
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = ::aff::cuda::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng{uint32_t(seed)};
   std::uniform_int_distribution<int32_t> tok(2, int32_t(V - 1));
   const size_t chunks[] = {3, 150, 1, 1, 77, 1, 1, 1, 66, 1};
   size_t total = 0;

@@ -78,7 +78,7 @@ class RandomModelTest : public ::testing::TestWithParam<RandomCase> {};
 TEST_P(RandomModelTest, EveryOpLayerAndModelMatchesCpu) {
   AFF_SKIP_WITHOUT_GPU();
   const RandomCase c = GetParam();
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed = ::aff::cuda::testing::test_seed();
   SCOPED_TRACE(std::string(c.name) + " seed " + std::to_string(seed));
   dsv4::ModelConfig cfg = dsv4::testing::tiny_config(c.ratios, c.hash_layers);
   cfg.expert_dtype = c.expert_dtype;
@@ -251,7 +251,7 @@ TEST(TinyModelGpu, OpCheckerPassesOnTrainedWeights) {
   auto dev = upload_model(**loaded);
   ASSERT_TRUE(dev.is_ok()) << dev.status().message();
   OpCheckOptions o;
-  o.seed = std::random_device{}();
+  o.seed = ::aff::cuda::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(o.seed));  // the checker's tokens and choices follow from it
   auto results = check_ops(**loaded, **dev, o);
   ASSERT_TRUE(results.is_ok()) << results.status().message();
