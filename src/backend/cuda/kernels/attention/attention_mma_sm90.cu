@@ -98,24 +98,6 @@ __device__ __forceinline__ const float* key_ptr(const AttentionArgs& a, const Ke
   return a.entries + j * a.Dh;
 }
 
-__device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
-
-// Stores 4 f32 as bf16 (hi, and lo when split) at dst[0..3] (8-byte aligned).
-// Pairs go through the packed conversion (one instruction per two values,
-// already in the stored order): the same roundings as split_bf16 per value,
-// in fewer instructions (staging the keys is much of a decode block's work).
-template <bool kSplit>
-__device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
-  const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
-  *reinterpret_cast<uint2*>(hi) = make_uint2(bf162_bits(h01), bf162_bits(h23));
-  if (kSplit) {
-    const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
-    const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - f01.x, v.y - f01.y);
-    const __nv_bfloat162 l23 = __floats2bfloat162_rn(v.z - f23.x, v.w - f23.y);
-    *reinterpret_cast<uint2*>(lo) = make_uint2(bf162_bits(l01), bf162_bits(l23));
-  }
-}
-
 // Partial results of split s: O at scratch[((t*splits + s)*H + h)*Dh], then
 // (max, sum) pairs after all O rows.
 __device__ __forceinline__ float* partial_o(const AttentionArgs& a, int splits, int64_t t, int s, int h) {
@@ -206,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int idx = threadIdx.x + (b + i) * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
-        store4<kSplit>(q_s + r * LD + d, q_s + kRows * LD + r * LD + d, v[i]);
+        store4_bf16<kSplit>(q_s + r * LD + d, q_s + kRows * LD + r * LD + d, v[i]);
       }
     }
   }
@@ -271,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_sm90(AttentionArgs 
 #pragma unroll
     for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (DP / 4), d = 4 * (idx % (DP / 4));
-      store4<kSplit>(k_s + r * LD + d, k_s + kKeys * LD + r * LD + d, kreg[i]);
+      store4_bf16<kSplit>(k_s + r * LD + d, k_s + kKeys * LD + r * LD + d, kreg[i]);
     }
     const bool more = kt0 + kKeys < k_end;
     if (more) tile_ptrs(kt0 + kKeys, key_s + (buf ^ 1) * kKeys);
@@ -514,16 +496,20 @@ SmemLimit smem_of() {
   return {reinterpret_cast<const void*>(attention_mma_sm90<NT, kSplit, MT>), int(Layout<NT, kSplit, MT>::bytes)};
 }
 
+// The head-dim variants of one (kSplit, MT).
+template <bool kSplit, int MT>
+Status allow_smem_nt() {
+  return raise_smem_limits({smem_of<1, kSplit, MT>(), smem_of<2, kSplit, MT>(), smem_of<3, kSplit, MT>(),
+                            smem_of<4, kSplit, MT>(), smem_of<8, kSplit, MT>()});
+}
+
 // Every variant's shared-memory limit is raised on the first call (an eager
 // prefill), never inside a captured decode step.
 Status allow_smem_all() {
-  return raise_smem_limits({smem_of<1, true, 1>(), smem_of<2, true, 1>(), smem_of<3, true, 1>(),
-                            smem_of<4, true, 1>(), smem_of<8, true, 1>(), smem_of<1, true, 4>(),
-                            smem_of<2, true, 4>(), smem_of<3, true, 4>(), smem_of<4, true, 4>(),
-                            smem_of<8, true, 4>(), smem_of<1, false, 1>(), smem_of<2, false, 1>(),
-                            smem_of<3, false, 1>(), smem_of<4, false, 1>(), smem_of<8, false, 1>(),
-                            smem_of<1, false, 4>(), smem_of<2, false, 4>(), smem_of<3, false, 4>(),
-                            smem_of<4, false, 4>(), smem_of<8, false, 4>()});
+  AFF_RETURN_IF_ERROR((allow_smem_nt<true, 1>()));
+  AFF_RETURN_IF_ERROR((allow_smem_nt<true, 4>()));
+  AFF_RETURN_IF_ERROR((allow_smem_nt<false, 1>()));
+  return allow_smem_nt<false, 4>();
 }
 
 template <int NT, bool kSplit, int MT>
@@ -569,7 +555,8 @@ Status attention_sparse(const AttentionArgs& a, cudaStream_t stream) {
   if (a.mode == AttnEntries::kSelected && (a.entries == nullptr || a.sel == nullptr || a.sel_count == nullptr))
     return internal_error("attention: selected entries missing");
   if (a.q_finish && !attention_finishes_q(a)) return internal_error("attention: q_finish with unsupported arguments");
-  AFF_RETURN_IF_ERROR(allow_smem_all());
+  static const Status smem_ok = allow_smem_all();
+  AFF_RETURN_IF_ERROR(smem_ok);
   const SplitPlan p = plan_splits(a);
   const bool few = a.T <= kFewQueries, split = a.precision == MmaPrecision::kBf16x3;
   AFF_RETURN_IF_ERROR(split ? (few ? launch_nt<true, 1>(a, p, stream) : launch_nt<true, 4>(a, p, stream))

@@ -64,16 +64,10 @@ __global__ void __launch_bounds__(kThreads) split_rows4_bf16_sm90(const float* x
   if (i >= T * quads) return;
   const int64_t t = i / quads, c = (i % quads) * 4;
   const float4 v = *reinterpret_cast<const float4*>(x + t * ldx + c);
-  uint16_t h[4], l[4];
-  split_bf16(v.x, h[0], l[0]);
-  split_bf16(v.y, h[1], l[1]);
-  split_bf16(v.z, h[2], l[2]);
-  split_bf16(v.w, h[3], l[3]);
-  auto pack = [](const uint16_t* b) {
-    return make_uint2(uint32_t(b[0]) | uint32_t(b[1]) << 16, uint32_t(b[2]) | uint32_t(b[3]) << 16);
-  };
-  reinterpret_cast<uint2*>(hi)[i] = pack(h);
-  if (lo != nullptr) reinterpret_cast<uint2*>(lo)[i] = pack(l);
+  uint2 h, l;
+  split4_bf16(v, h, l);
+  reinterpret_cast<uint2*>(hi)[i] = h;
+  if (lo != nullptr) reinterpret_cast<uint2*>(lo)[i] = l;
 }
 
 // FP8 block: 16 codes (16 bytes) per thread share one scale (16 | block).

@@ -57,6 +57,28 @@ __device__ __forceinline__ void split_bf16(float x, uint16_t& hi, uint16_t& lo) 
   lo = bf16_bits(x - __bfloat162float(h));
 }
 
+// Four values -> (hi, lo) bf16 pairs packed in element order (v.x in the low
+// half of hi.x), with split_bf16's roundings; a pair goes through one packed
+// conversion (fewer instructions where staging is much of a kernel's work).
+__device__ __forceinline__ void split4_bf16(float4 v, uint2& hi, uint2& lo) {
+  auto bits = [](__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); };
+  const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
+  const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+  hi = make_uint2(bits(h01), bits(h23));
+  lo = make_uint2(bits(__floats2bfloat162_rn(v.x - f01.x, v.y - f01.y)),
+                  bits(__floats2bfloat162_rn(v.z - f23.x, v.w - f23.y)));
+}
+
+// Stores 4 f32 as bf16 at hi[0..3] (and the remainders at lo[0..3] when
+// kSplit), both 8-byte aligned.
+template <bool kSplit>
+__device__ __forceinline__ void store4_bf16(uint16_t* hi, uint16_t* lo, float4 v) {
+  uint2 h, l;
+  split4_bf16(v, h, l);
+  *reinterpret_cast<uint2*>(hi) = h;
+  if (kSplit) *reinterpret_cast<uint2*>(lo) = l;
+}
+
 __device__ __forceinline__ uint32_t ld_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // A fragment from a row-major bf16 tile: rows r0..r0+15, columns k0..k0+15.

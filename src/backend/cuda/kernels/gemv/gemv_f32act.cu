@@ -135,11 +135,13 @@ constexpr int64_t kMaxPermBytes = 64 * 1024;  // permuted f32 x per block (T * i
 bool g_ggml_ring = true;
 bool g_native_perm = false;  // not yet measured on the GPU: opt-in until it is
 
-// Raises a kernel's dynamic shared memory limit (before any graph capture:
-// the first GEMV of a process runs eagerly; later calls do nothing).
+// Raises a kernel's dynamic shared memory limit once (before any graph capture:
+// the first GEMV of a process runs eagerly).
 template <WPath P, int TT>
 Status allow_stage_smem() {
-  return raise_smem_limit(reinterpret_cast<const void*>(gemv_any_f32_sm90<P, TT>), int(kMaxStageBytes));
+  static const Status s =
+      raise_smem_limit(reinterpret_cast<const void*>(gemv_any_f32_sm90<P, TT>), int(kMaxStageBytes));
+  return s;
 }
 
 // Elements one lane decodes per step (sets how many lanes a row can feed).

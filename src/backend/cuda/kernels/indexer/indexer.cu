@@ -38,19 +38,6 @@ constexpr int kHeads = 64;    // head rows (MMA M), zero-padded
 constexpr int kMaxHd = 128;
 constexpr int kLd = kMaxHd + 8;  // bf16 row stride: rows start 4 banks apart
 
-template <bool kSplit>
-__device__ __forceinline__ void store4(uint16_t* hi, uint16_t* lo, float4 v) {
-  uint16_t h[4], l[4];
-  split_bf16(v.x, h[0], l[0]);
-  split_bf16(v.y, h[1], l[1]);
-  split_bf16(v.z, h[2], l[2]);
-  split_bf16(v.w, h[3], l[3]);
-  *reinterpret_cast<uint2*>(hi) = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
-  if (kSplit)
-    *reinterpret_cast<uint2*>(lo) =
-        make_uint2(uint32_t(l[0]) | uint32_t(l[1]) << 16, uint32_t(l[2]) | uint32_t(l[3]) << 16);
-}
-
 template <bool kSplit, int kKeyTile>
 struct ScoreLayout {
   static constexpr int kParts = kSplit ? 2 : 1;
@@ -124,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
 #pragma unroll
     for (int i = 0; i < kKIters; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-      store4<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
+      store4_bf16<kSplit>(k_s + r * kLd + d, k_s + kKeyTile * kLd + r * kLd + d, kv[i]);
     }
     const int k_steps = (a.hd + 15) / 16;
     const int mi = warp & 3, kh = warp >> 2;  // warp: heads [16 mi, +16) x keys [kKeyTile / 2 kh, + kKeyTile / 2)
@@ -151,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
 #pragma unroll
         for (int i = 0; i < kQIters; ++i) {
           const int idx = threadIdx.x + i * kThreads, r = idx / (kMaxHd / 4), d = 4 * (idx % (kMaxHd / 4));
-          store4<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
+          store4_bf16<kSplit>(q_s + r * kLd + d, q_s + kHeads * kLd + r * kLd + d, qv[i]);
         }
         if (threadIdx.x < kHeads) w_s[threadIdx.x] = wv;
       }
