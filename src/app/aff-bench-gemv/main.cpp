@@ -71,6 +71,7 @@ size_t weight_bytes(const Fmt& f, int64_t out, int64_t in) {
     case DevFormat::kF16: return size_t(out * in * 2);
     case DevFormat::kF32: return size_t(out * in * 4);
     case DevFormat::kGgml: return size_t(out * *quant::ggml_row_bytes(f.ggml, in));
+    case DevFormat::kQ8: return size_t(out * in + out * in / 16);
   }
   return 0;
 }
@@ -85,6 +86,8 @@ DeviceLinear describe(const Fmt& f, int64_t out, int64_t in, uint8_t* p) {
     w.scale = p + out * in, w.scale_type = DevScale::kE8M0, w.block = 128, w.scale_cols = (in + 127) / 128;
   } else if (f.format == DevFormat::kMXFP4) {
     w.scale = p + out * in / 2, w.scale_type = DevScale::kE8M0, w.scale_cols = in / 32;
+  } else if (f.format == DevFormat::kQ8) {
+    w.scale = p + out * in, w.scale_type = DevScale::kF16, w.scale_cols = in / 32;
   } else if (f.format == DevFormat::kGgml) {
     w.ggml_type = int(f.ggml), w.row_bytes = *quant::ggml_row_bytes(f.ggml, in);
     auto t = ggml_device_tables();

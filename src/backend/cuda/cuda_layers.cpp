@@ -662,12 +662,29 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   shared_only.k = 0, shared_only.act = d.act + T * d.k * d.inter, shared_only.out = ws.y_shared.as<float>();
   shared_only.max_sms = std::max(1, current_device_multiprocessors() * switches().shared_sms / 100);
   routed.add = shared_only.out;
-  const bool split = beside(decode) && switches().shared_beside && d.k > 0 && d.shared_slot != nullptr && moe_decode_streams(routed) &&
-                     moe_decode_streams(shared_only);
+  const bool beside_ok = beside(decode) && switches().shared_beside && d.k > 0 && d.shared_slot != nullptr &&
+                         moe_decode_streams(routed);
+  // A shared expert the streaming kernels do not read (split Q8_0 from a
+  // container) runs as tensor-core GEMVs instead: gate and up in one launch
+  // into y_pairs (unused by the decode MoE), then down with the SwiGLU folded
+  // into its staging.
+  const ExpertSlot& sh = w.shared_host;
+  const bool shared_gemv = beside_ok && !moe_decode_streams(shared_only) && gemv_mma_pair_supports(sh.w1, sh.w3) &&
+                           gemv_mma_takes_all(sh.w1) && gemv_mma_takes_all(sh.w2) &&
+                           2 * T * c.moe_inter <= int64_t(ws.y_pairs.bytes() / 4);
+  const bool split = beside_ok && (moe_decode_streams(shared_only) || shared_gemv);
   if (split) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
-    if (!ablated("shared")) {
+    if (!ablated("shared") && shared_gemv) {
+      float* gate = ws.y_pairs.as<float>();
+      float* up = gate + T * c.moe_inter;
+      PairOptions po;
+      po.max_blocks = shared_only.max_sms;
+      AFF_RETURN_IF_ERROR(gemv_mma_pair(sh.w1, sh.w3, x, c.hidden_size, T, gate, c.moe_inter, up, c.moe_inter, side, po));
+      AFF_RETURN_IF_ERROR(gemv_mma_swiglu(sh.w2, gate, up, c.moe_inter, T, limit, shared_only.out, c.hidden_size,
+                                          shared_only.max_sms, side));
+    } else if (!ablated("shared")) {
       AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
       AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
     }

@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
+#include "quant/blocks.h"
 #include "quant/codec.h"
 #include "quant/type_traits.h"
 
@@ -140,13 +141,45 @@ class ModelUploader {
     return reinterpret_cast<const float*>(p);
   }
 
-  Result<DeviceLinear> linear(const dsv4::Linear& w) {
+  // w in its stored format (routed experts keep the container's bytes: the
+  // expert tiers move them as they are).
+  Result<DeviceLinear> stored(const dsv4::Linear& w) {
     if (!w.valid()) return DeviceLinear{};
     AFF_ASSIGN_OR_RETURN(DeviceLinear d, describe(w));
     AFF_ASSIGN_OR_RETURN(d.weight, raw(w.weight.data, w.weight.nbytes, w.weight.name));
     if (w.scale.valid()) {
       AFF_ASSIGN_OR_RETURN(d.scale, raw(w.scale.data, w.scale.nbytes, w.scale.name));
     }
+    return d;
+  }
+
+  // A dense weight: as stored, except Q8_0 with rows of whole 64-column steps,
+  // whose blocks are split into their codes and their scales (DevFormat::kQ8,
+  // the same bytes), the layout the tensor-core GEMV reads.
+  Result<DeviceLinear> linear(const dsv4::Linear& w) {
+    if (!w.valid() || w.format != dsv4::WeightFormat::kGgml ||
+        quant::GgmlType(w.ggml_type) != quant::GgmlType::kQ8_0 || w.in % 64 != 0)
+      return stored(w);
+    AFF_ASSIGN_OR_RETURN(DeviceLinear d, describe(w));  // checks the stored size
+    const int64_t groups = w.in / quant::kQK;
+    d.format = DevFormat::kQ8, d.ggml_type = -1, d.row_bytes = 0, d.tables = nullptr;
+    d.scale_type = DevScale::kF16, d.scale_cols = groups;
+    const size_t n = size_t(w.out) * size_t(w.in), n_scales = size_t(w.out) * size_t(groups);
+    if (!arena_) {
+      AFF_ASSIGN_OR_RETURN(d.weight, raw(nullptr, n, w.weight.name));
+      AFF_ASSIGN_OR_RETURN(d.scale, raw(nullptr, n_scales * 2, w.weight.name));
+      return d;
+    }
+    std::vector<int8_t> codes(n);
+    std::vector<uint16_t> scales(n_scales);
+    const auto* blocks = reinterpret_cast<const quant::BlockQ8_0*>(w.weight.data);
+    for (size_t b = 0; b < n_scales; ++b) {
+      scales[b] = blocks[b].d;
+      const int64_t row = int64_t(b) / groups, col0 = (int64_t(b) % groups) * quant::kQK;
+      for (int i = 0; i < quant::kQK; ++i) codes[size_t(row * w.in + q8_code_at(col0 + i))] = blocks[b].qs[i];
+    }
+    AFF_ASSIGN_OR_RETURN(d.weight, raw(codes.data(), n, w.weight.name));
+    AFF_ASSIGN_OR_RETURN(d.scale, raw(scales.data(), n_scales * 2, w.weight.name + " (scales)"));
     return d;
   }
 
@@ -202,11 +235,12 @@ class ModelUploader {
     return d;
   }
 
-  Result<ExpertSlot> expert(const dsv4::ExpertWeights& e) {
+  // A routed expert as stored; the shared expert (dense) as linear() places it.
+  Result<ExpertSlot> expert(const dsv4::ExpertWeights& e, bool dense = false) {
     ExpertSlot s;
-    AFF_ASSIGN_OR_RETURN(s.w1, linear(e.w1));
-    AFF_ASSIGN_OR_RETURN(s.w3, linear(e.w3));
-    AFF_ASSIGN_OR_RETURN(s.w2, linear(e.w2));
+    AFF_ASSIGN_OR_RETURN(s.w1, dense ? linear(e.w1) : stored(e.w1));
+    AFF_ASSIGN_OR_RETURN(s.w3, dense ? linear(e.w3) : stored(e.w3));
+    AFF_ASSIGN_OR_RETURN(s.w2, dense ? linear(e.w2) : stored(e.w2));
     if (s.w1.format != s.w3.format || s.w1.format != s.w2.format)
       return unsupported(e.w1.weight.name + ": the three weights of an expert must share one format");
     return s;
@@ -248,7 +282,7 @@ class ModelUploader {
     d.slots = reinterpret_cast<ExpertSlot*>(table);
     d.has_shared = w.has_shared;
     if (w.has_shared) {
-      AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(w.shared));
+      AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(w.shared, /*dense=*/true));
       d.shared_format = s.w1.format;
       d.shared_host = s;
       AFF_ASSIGN_OR_RETURN(int32_t* st, slot_table({s}, "shared expert slot"));
@@ -330,10 +364,17 @@ Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model
 }
 
 size_t linear_device_bytes(const dsv4::Linear& w) {
-  return DeviceArena::aligned(w.weight.nbytes) + (w.scale.valid() ? DeviceArena::aligned(w.scale.nbytes) : 0);
+  // (+ one alignment unit: a split Q8_0 weight takes two allocations)
+  return DeviceArena::aligned(w.weight.nbytes) + (w.scale.valid() ? DeviceArena::aligned(w.scale.nbytes) : 0) +
+         DeviceArena::aligned(1);
 }
 
 Result<DeviceLinear> upload_linear(const dsv4::Linear& w, DeviceArena& arena) {
+  ModelUploader up(&arena);
+  return up.stored(w);
+}
+
+Result<DeviceLinear> upload_dense_linear(const dsv4::Linear& w, DeviceArena& arena) {
   ModelUploader up(&arena);
   return up.linear(w);
 }

@@ -97,7 +97,11 @@ Result<std::unique_ptr<DeviceModel>> upload_model(const dsv4::LoadedModel& model
 // One weight on its own (tests, gpucheck): `arena` must have room for
 // linear_device_bytes(w).
 size_t linear_device_bytes(const dsv4::Linear& w);
+// As stored (a routed expert's weight).
 Result<DeviceLinear> upload_linear(const dsv4::Linear& w, DeviceArena& arena);
+// As upload_model places a dense weight: Q8_0 split into codes and scales
+// (DevFormat::kQ8), every other format as stored.
+Result<DeviceLinear> upload_dense_linear(const dsv4::Linear& w, DeviceArena& arena);
 
 // True for the ggml block types (quant::GgmlType ids) the CUDA kernels decode.
 bool ggml_type_on_device(int ggml_type);

@@ -113,7 +113,10 @@ struct LinearPlan {
   SyntheticFormat fmt;
 };
 
-Result<LinearPlan> plan_linear(const SyntheticFormat& f, int64_t out, int64_t in, const std::string& what) {
+// dense: a dense weight, placed as upload_model places it (Q8_0 split into
+// codes and scales, DevFormat::kQ8); routed experts keep the stored blocks.
+Result<LinearPlan> plan_linear(const SyntheticFormat& f, int64_t out, int64_t in, const std::string& what,
+                               bool dense) {
   LinearPlan p;
   p.fmt = f;
   p.d.out = out;
@@ -145,6 +148,14 @@ Result<LinearPlan> plan_linear(const SyntheticFormat& f, int64_t out, int64_t in
         return unsupported(what + ": ggml block format " + f.ggml + " is not read by the CUDA backend");
       const auto row = quant::ggml_row_bytes(t, in);
       if (!row) return invalid_argument(what + ": row length " + std::to_string(in) + " is not a whole number of " + f.ggml + " blocks");
+      if (dense && t == quant::GgmlType::kQ8_0 && in % 64 == 0) {
+        p.d.format = DevFormat::kQ8;
+        p.d.scale_type = DevScale::kF16;
+        p.d.scale_cols = in / quant::kQK;
+        p.weight_bytes = size_t(out * in);
+        p.scale_bytes = size_t(out * p.d.scale_cols * 2);
+        return p;
+      }
       p.d.format = DevFormat::kGgml;
       p.d.ggml_type = int32_t(t);
       p.d.row_bytes = *row;
@@ -223,8 +234,9 @@ class Builder {
     return reinterpret_cast<const float*>(p);
   }
 
-  Result<DeviceLinear> linear(const SyntheticFormat& f, int64_t out, int64_t in, const std::string& what) {
-    AFF_ASSIGN_OR_RETURN(LinearPlan p, plan_linear(f, out, in, what));
+  Result<DeviceLinear> linear(const SyntheticFormat& f, int64_t out, int64_t in, const std::string& what,
+                              bool dense = true) {
+    AFF_ASSIGN_OR_RETURN(LinearPlan p, plan_linear(f, out, in, what, dense));
     traffic_.dense_macs += size_t(out * in);
     AFF_ASSIGN_OR_RETURN(uint8_t* w, take(p.weight_bytes));
     uint8_t* sc = nullptr;
@@ -234,6 +246,12 @@ class Builder {
     p.d.weight = w;
     p.d.scale = sc;
     if (!arena_) return p.d;
+    if (p.d.format == DevFormat::kQ8) {  // random codes, the ggml fill's scale (below)
+      AFF_RETURN_IF_ERROR(synth_fill_bytes(w, p.weight_bytes, next_seed(), 0xFF, 0, s_));
+      const float d = float(1.0 / (64.0 * std::sqrt(double(in))));
+      AFF_RETURN_IF_ERROR(synth_patch_u16(sc, p.scale_bytes / 2, 2, 0, f32_to_f16(d), s_));
+      return p.d;
+    }
     if (f.kind == SyntheticFormat::Kind::kGgml) {
       AFF_ASSIGN_OR_RETURN(const GgmlTables* tables, ggml_device_tables());
       p.d.tables = reinterpret_cast<const uint8_t*>(tables);
@@ -305,12 +323,13 @@ class Builder {
     return c;
   }
 
-  Result<ExpertSlot> expert(const SyntheticFormat& gate_up, const SyntheticFormat& down) {
+  // dense: the shared expert (placed as a dense weight), else a routed one.
+  Result<ExpertSlot> expert(const SyntheticFormat& gate_up, const SyntheticFormat& down, bool dense) {
     const int64_t D = cfg_.hidden_size, I = cfg_.moe_inter;
     ExpertSlot s;
-    AFF_ASSIGN_OR_RETURN(s.w1, linear(gate_up, I, D, "expert w1"));
-    AFF_ASSIGN_OR_RETURN(s.w3, linear(gate_up, I, D, "expert w3"));
-    AFF_ASSIGN_OR_RETURN(s.w2, linear(down, D, I, "expert w2"));
+    AFF_ASSIGN_OR_RETURN(s.w1, linear(gate_up, I, D, "expert w1", dense));
+    AFF_ASSIGN_OR_RETURN(s.w3, linear(gate_up, I, D, "expert w3", dense));
+    AFF_ASSIGN_OR_RETURN(s.w2, linear(down, D, I, "expert w2", dense));
     return s;
   }
 
@@ -339,7 +358,7 @@ class Builder {
     std::vector<ExpertSlot> physical(static_cast<size_t>(pool));
     const size_t dense_before = traffic_.dense, macs_before = traffic_.dense_macs;
     for (auto& s : physical) {
-      AFF_ASSIGN_OR_RETURN(s, expert(opt_.expert_gate_up, opt_.expert_down));
+      AFF_ASSIGN_OR_RETURN(s, expert(opt_.expert_gate_up, opt_.expert_down, /*dense=*/false));
     }
     traffic_.expert = (traffic_.dense - dense_before) / size_t(pool);
     traffic_.expert_macs = (traffic_.dense_macs - macs_before) / size_t(pool);
@@ -350,7 +369,7 @@ class Builder {
     AFF_ASSIGN_OR_RETURN(m.slots, slot_table(m.host_slots));
     m.has_shared = cfg_.n_shared_experts > 0;
     if (m.has_shared) {
-      AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(opt_.dense, opt_.dense));
+      AFF_ASSIGN_OR_RETURN(ExpertSlot s, expert(opt_.dense, opt_.dense, /*dense=*/true));
       m.shared_format = s.w1.format;
       m.shared_host = s;  // the decode MoE kernels pick their compiled pair from it
       AFF_ASSIGN_OR_RETURN(m.shared_slot, slot_table({s}));

@@ -53,6 +53,7 @@ __device__ __forceinline__ float load_scale(const DeviceLinear& w, int64_t i) {
     case DevScale::kE8M0: return e8m0_to_f32_dev(w.scale[i]);
     case DevScale::kF32: return reinterpret_cast<const float*>(w.scale)[i];
     case DevScale::kBF16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.scale)[i]);
+    case DevScale::kF16: return f16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.scale)[i]);
     default: return 1.0f;
   }
 }
@@ -108,7 +109,8 @@ __device__ __forceinline__ uint32_t load_scale_raw(const DeviceLinear& w, int64_
   switch (w.scale_type) {
     case DevScale::kE8M0: return __ldg(w.scale + i);
     case DevScale::kF32: return __ldg(reinterpret_cast<const uint32_t*>(w.scale) + i);
-    case DevScale::kBF16: return __ldg(reinterpret_cast<const uint16_t*>(w.scale) + i);
+    case DevScale::kBF16:
+    case DevScale::kF16: return __ldg(reinterpret_cast<const uint16_t*>(w.scale) + i);
     default: return 0;
   }
 }
@@ -118,6 +120,7 @@ __device__ __forceinline__ float decode_scale(const DeviceLinear& w, uint32_t ra
     case DevScale::kE8M0: return e8m0_to_f32_dev(raw);
     case DevScale::kF32: return __uint_as_float(raw);
     case DevScale::kBF16: return bf16_bits_to_f32(uint16_t(raw));
+    case DevScale::kF16: return f16_bits_to_f32(uint16_t(raw));
     default: return 1.0f;
   }
 }

@@ -166,6 +166,40 @@ struct NativeChunk<DevFormat::kMXFP4> {
   }
 };
 
+// kQ8: a chunk is 16 stored codes, quarter q = c % 4 of a 64-column step:
+// columns [8q, 8q + 8) of the step's first scale group and the same of its
+// second (q8_code_at). Each half is summed and then scaled. Needs x unpermuted
+// (launch_fast never permutes x for kQ8).
+template <>
+struct NativeChunk<DevFormat::kQ8> {
+  static constexpr int kElems = 16;
+  __device__ static uint4 load(const DeviceLinear& w, int64_t row, int64_t c) {
+    return ld_stream16(w.weight + row * w.in + c * 16);
+  }
+  template <int TT>
+  __device__ static void dot(const DeviceLinear& w, const RowCtx& rc, int64_t c, const uint4 v, const ActF32& x,
+                             int nt, float (&acc)[TT]) {
+    const int64_t step = c >> 2, col = step * 64 + (c & 3) * 8;
+    const float s0 = load_scale(w, rc.scale_row + 2 * step), s1 = load_scale(w, rc.scale_row + 2 * step + 1);
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+    float wv[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wv[i] = float(int8_t((wd[i / 4] >> (8 * (i % 4))) & 0xffu));
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      if (t < nt) {
+        float xa[8], xb[8];
+        load_x<8>(x, t, col, xa);
+        load_x<8>(x, t, col + 32, xb);
+        float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p0 = fmaf(wv[i], xa[i], p0), p1 = fmaf(wv[8 + i], xb[i], p1);
+        acc[t] = fmaf(p1, s1, fmaf(p0, s0, acc[t]));
+      }
+    }
+  }
+};
+
 template <DevFormat F>
 struct PlainChunk {  // BF16, F16, F32
   static constexpr int kElems = VecTraits<F>::kElems;
@@ -223,7 +257,7 @@ __device__ __forceinline__ void native_row_part(const DeviceLinear& w, int64_t r
     if constexpr (F == DevFormat::kFP8Block) {
       rc.scale_row = (row / w.block) * w.scale_cols;
       rc.block_shift = (w.block & (w.block - 1)) == 0 ? __ffs(w.block) - 1 : -1;
-    } else if constexpr (F == DevFormat::kMXFP4) {
+    } else if constexpr (F == DevFormat::kMXFP4 || F == DevFormat::kQ8) {
       rc.scale_row = row * w.scale_cols;
     }
     const int64_t n_chunks = w.in / NativeChunk<F>::kElems, step = int64_t(S) * 32;
@@ -539,6 +573,7 @@ __device__ __forceinline__ void row_part(const DeviceLinear& w, int64_t row, con
     case DevFormat::kBF16: native_row_part<DevFormat::kBF16, TT>(w, row, x, nt, part, S, acc); return;
     case DevFormat::kF16: native_row_part<DevFormat::kF16, TT>(w, row, x, nt, part, S, acc); return;
     case DevFormat::kF32: native_row_part<DevFormat::kF32, TT>(w, row, x, nt, part, S, acc); return;
+    case DevFormat::kQ8: native_row_part<DevFormat::kQ8, TT>(w, row, x, nt, part, S, acc); return;
     case DevFormat::kGgml: ggml_row_part<TT>(w, row, xs_smem, nt, part, S, ring, acc); return;
   }
 }
@@ -549,7 +584,7 @@ __device__ __forceinline__ void row_part(const DeviceLinear& w, int64_t row, con
 // its own decoder needs (a kernel holding every decoder is sized for the
 // largest and loses occupancy). kAny keeps the runtime switch (rare mixes).
 enum class WPath : int {
-  kAny, kFP8, kMXFP4, kBF16, kF16, kF32,
+  kAny, kFP8, kMXFP4, kBF16, kF16, kF32, kQ8,
   kQ8_0, kQ2_K, kQ3_K, kQ4_K, kIQ2_XXS, kIQ4_XS, kIQ4_NL, kMXFP4g, kGgmlOther,
 };
 
@@ -561,6 +596,7 @@ __host__ __device__ inline WPath wpath_of(DevFormat f, int ggml_type) {
     case DevFormat::kBF16: return WPath::kBF16;
     case DevFormat::kF16: return WPath::kF16;
     case DevFormat::kF32: return WPath::kF32;
+    case DevFormat::kQ8: return WPath::kQ8;
     case DevFormat::kGgml:
       switch (GgmlType(ggml_type)) {
         case GgmlType::kQ8_0: return WPath::kQ8_0;
@@ -587,6 +623,7 @@ __device__ __forceinline__ void row_part_p(const DeviceLinear& w, int64_t row, c
   else if constexpr (P == WPath::kBF16) native_row_part<DevFormat::kBF16, TT>(w, row, x, nt, part, S, acc);
   else if constexpr (P == WPath::kF16) native_row_part<DevFormat::kF16, TT>(w, row, x, nt, part, S, acc);
   else if constexpr (P == WPath::kF32) native_row_part<DevFormat::kF32, TT>(w, row, x, nt, part, S, acc);
+  else if constexpr (P == WPath::kQ8) native_row_part<DevFormat::kQ8, TT>(w, row, x, nt, part, S, acc);
   else if constexpr (P == WPath::kQ8_0) ggml_row_part_t<GgmlType::kQ8_0, TT>(w, row, xs_smem, nt, part, S, ring, acc);
   else if constexpr (P == WPath::kQ2_K) ggml_row_part_t<GgmlType::kQ2_K, TT>(w, row, xs_smem, nt, part, S, ring, acc);
   else if constexpr (P == WPath::kQ3_K) ggml_row_part_t<GgmlType::kQ3_K, TT>(w, row, xs_smem, nt, part, S, ring, acc);

@@ -30,13 +30,15 @@ template <>
 struct VecTraits<DevFormat::kF32> { static constexpr int kElems = 4; };
 template <>
 struct VecTraits<DevFormat::kGgml> { static constexpr int kElems = 32; };  // one ggml chunk
+template <>
+struct VecTraits<DevFormat::kQ8> { static constexpr int kElems = 16; };  // half a scale group
 
 // True when rows can be read in 16-byte steps (row starts stay 16-byte aligned
 // because the arena aligns every tensor to 256 bytes).
 template <DevFormat F>
 __device__ __forceinline__ bool vec_ok(const DeviceLinear& w) {
   if constexpr (F == DevFormat::kFP8Block) return w.in % 16 == 0 && w.block % 16 == 0;
-  else if constexpr (F == DevFormat::kGgml) return true;  // rows are whole 32-element chunks
+  else if constexpr (F == DevFormat::kGgml || F == DevFormat::kQ8) return true;  // rows are whole 32-element groups
   else return w.in % VecTraits<F>::kElems == 0;
 }
 
@@ -52,6 +54,9 @@ __device__ __forceinline__ float decode_at(const DeviceLinear& w, int64_t row, i
   } else if constexpr (F == DevFormat::kFP8Block) {
     const float s = load_scale(w, (row / w.block) * w.scale_cols + col / w.block);
     return e4m3_to_f32_dev(w.weight[row * w.in + col]) * s;
+  } else if constexpr (F == DevFormat::kQ8) {  // unused: kQ8 rows always take the vector path
+    const float s = load_scale(w, row * w.scale_cols + col / 32);
+    return float(int8_t(w.weight[row * w.in + q8_code_at(col)])) * s;
   } else if constexpr (F == DevFormat::kGgml) {  // unused: ggml rows always take the vector path
     float chunk[32];
     ggml_decode32(w, row, col / 32, chunk);
@@ -88,6 +93,14 @@ __device__ __forceinline__ void decode_vec(const DeviceLinear& w, int64_t row, i
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; ++i) out[i] = e4m3_to_f32_dev((words[i / 4] >> (8 * (i % 4))) & 0xffu) * s;
+  } else if constexpr (F == DevFormat::kQ8) {  // columns [c0, c0 + 16): two runs of 8 codes
+    const uint8_t* r = w.weight + row * w.in;
+    const uint2 a = *reinterpret_cast<const uint2*>(r + q8_code_at(c0));
+    const uint2 b = *reinterpret_cast<const uint2*>(r + q8_code_at(c0 + 8));
+    const float s = load_scale(w, row * w.scale_cols + c0 / 32);
+    const uint32_t words[4] = {a.x, a.y, b.x, b.y};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) out[i] = float(int8_t((words[i / 4] >> (8 * (i % 4))) & 0xffu)) * s;
   } else if constexpr (F == DevFormat::kGgml) {
     ggml_decode32(w, row, c0 / 32, out);
   } else {  // kMXFP4: 16 bytes = 32 codes = exactly one scale group

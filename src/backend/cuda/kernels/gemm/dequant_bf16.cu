@@ -27,6 +27,8 @@ __device__ __forceinline__ float element(const DeviceLinear& w, int64_t row, int
       const uint32_t byte = w.weight[row * (w.in / 2) + col / 2];
       return e2m1_to_f32_dev((col & 1) ? byte >> 4 : byte & 15u) * load_scale(w, row * w.scale_cols + col / 32);
     }
+    case DevFormat::kQ8:
+      return float(int8_t(w.weight[row * w.in + q8_code_at(col)])) * load_scale(w, row * w.scale_cols + col / 32);
     default: return 0.0f;
   }
 }
@@ -149,6 +151,7 @@ bool gemm_supports(const DeviceLinear& w, MmaPrecision precision) {
     // path is exact for them (their GEMV quantises x to int8 per 32), and the
     // per-pair GEMV they fell back to made prefill ~50x slower.
     case DevFormat::kGgml: return w.in % 32 == 0 && w.tables != nullptr;
+    case DevFormat::kQ8: return w.in % 32 == 0;  // rounds to bf16 as the ggml Q8_0 blocks do
     default: return false;
   }
 }

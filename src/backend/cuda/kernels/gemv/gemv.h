@@ -1,5 +1,5 @@
 // Dense weight times f32 activations for every stored format (FP8 block-scaled,
-// MXFP4, BF16, F16, F32), dequantised on the fly with f32 accumulation. Serves
+// MXFP4, BF16, F16, F32, ggml blocks, split Q8_0), dequantised on the fly with f32 accumulation. Serves
 // decode (T = 1) and, for now, prefill (T tokens in tiles of kTokTile sharing
 // each weight read); tensor-core GEMM for prefill comes later behind the same
 // selection function.
@@ -34,9 +34,10 @@ void gemv_set_ggml_ring(bool on);
 // Off by default until measured on the GPU; results are bit-identical.
 void gemv_set_native_perm(bool on);
 
-// Decode-sized (any T, up to 8 per launch) GEMV on tensor cores for FP8-block
-// and BF16 weights (gemv_mma.cu): f16 MMAs on hardware-converted E4M3 with x
-// as f16 hi + lo (exact setting, ~2^-22 relative) or hi alone (fast, ~2^-12);
+// Decode-sized (any T, up to 8 per launch) GEMV on tensor cores for FP8-block,
+// split Q8_0 (kQ8) and BF16 weights (gemv_mma.cu): f16 MMAs on hardware-
+// converted E4M3 (or int8 codes placed in f16) with x as f16 hi + lo (exact
+// setting, ~2^-22 relative) or hi alone (fast, ~2^-12);
 // bf16 MMAs on the stored bits with x as bf16 hi + mid + lo (exact, ~2^-24) or
 // hi + mid (fast, ~2^-16). Rows [row_begin, row_end); x: token t at x + t*ldx;
 // y: token t at y + t*ldy, [row_end - row_begin] each. Row r reads x's slice
@@ -52,6 +53,12 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 // rmsnorm_f32 computes it: the norm folded into the projection's launch.
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
                        cudaStream_t stream);
+// y: [T, w.out] = swiglu_clamp(gate, up, swiglu_limit) W^T, gate and up
+// [T, w.in] (token t at + t*ldx): an expert's down projection with its SwiGLU
+// done while x is staged. max_blocks > 0 caps the grid (as PairOptions).
+// Launched as an ordinary (not programmatic) dependent.
+Status gemv_mma_swiglu(const DeviceLinear& w, const float* gate, const float* up, int64_t ldx, int64_t T,
+                       float swiglu_limit, float* y, int64_t ldy, int max_blocks, cudaStream_t stream);
 // What a gemv_mma_pair launch may do besides its two projections:
 //  - norm ([w1.in], optional): x's rows are rmsnorm'd with it first, as
 //    gemv_mma_normed does (x then packed, ldx = w1.in);

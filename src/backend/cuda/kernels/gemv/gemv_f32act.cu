@@ -147,7 +147,8 @@ Status allow_stage_smem() {
 // Elements one lane decodes per step (sets how many lanes a row can feed).
 int64_t chunk_elems(const DeviceLinear& w) {
   switch (w.format) {
-    case DevFormat::kFP8Block: return 16;
+    case DevFormat::kFP8Block:
+    case DevFormat::kQ8: return 16;
     case DevFormat::kMXFP4: return 32;
     case DevFormat::kBF16:
     case DevFormat::kF16: return 8;
@@ -174,7 +175,7 @@ Status launch_fast(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
   // Native formats stage x permuted in shared memory when it fits in a share
   // that still lets several blocks per SM stream.
   const int64_t V = chunk_elems(w);
-  const bool perm = g_native_perm && !ggml && w.in % (32 * V) == 0 && int64_t(nt_max) * w.in * 4 <= kMaxPermBytes;
+  const bool perm = g_native_perm && !ggml && w.format != DevFormat::kQ8 && w.in % (32 * V) == 0 && int64_t(nt_max) * w.in * 4 <= kMaxPermBytes;
   const int64_t stage = ggml ? act_q8_bytes(nt_max, w.in) : perm ? int64_t(nt_max) * w.in * 4 : 0;
   const int64_t rings = int64_t(n_warps) * kGgmlRingBytes;
   const bool ring = ggml && g_ggml_ring && stage + rings <= kMaxStageBytes;
@@ -201,6 +202,7 @@ Status launch_path(const DeviceLinear& w, int64_t row_begin, int64_t n_rows, con
     AFF_GEMV_PATH(kBF16)
     AFF_GEMV_PATH(kF16)
     AFF_GEMV_PATH(kF32)
+    AFF_GEMV_PATH(kQ8)
     AFF_GEMV_PATH(kQ8_0)
     AFF_GEMV_PATH(kQ2_K)
     AFF_GEMV_PATH(kQ3_K)
@@ -227,6 +229,7 @@ Status gemv_prepare() {
   AFF_GEMV_PREPARE(kBF16)
   AFF_GEMV_PREPARE(kF16)
   AFF_GEMV_PREPARE(kF32)
+  AFF_GEMV_PREPARE(kQ8)
   AFF_GEMV_PREPARE(kQ8_0)
   AFF_GEMV_PREPARE(kQ2_K)
   AFF_GEMV_PREPARE(kQ3_K)

@@ -1,5 +1,6 @@
 // gemv_mma_sm90: decode GEMV (T <= 8 tokens) on tensor cores for FP8 E4M3
-// weights with 128x128 block scales and for BF16 weights.
+// weights with 128x128 block scales, for Q8_0 weights split into codes and
+// scales (DevFormat::kQ8) and for BF16 weights.
 //
 // Why tensor cores for a GEMV: at batch 1 the f32 path issues one FMA and a
 // decode per weight and tops out far below HBM bandwidth (instruction bound).
@@ -26,6 +27,13 @@
 // t's in columns 2t, 2t + 1), so a fragment costs one MMA, not two: the MMA
 // pipe was a quarter of a 32 MB GEMV's time at batch 1, where 7 of the 8
 // columns went unused. The sums and their order are the same either way.
+//
+// kQ8 weights take the FP8 path with int8 codes made f16 by bit placement
+// (exact) and one scale per row and 32 columns. Lane c's 16 bytes of a
+// 64-column step hold columns [8c, 8c + 8) and [32 + 8c, 40 + 8c) (the upload
+// places them so, q8_code_at), so MMAs 0, 1 cover the first scale group and
+// 2, 3 the second, and x is read with the same map. Each group's MMA sums are
+// multiplied by their rows' scales, and a column block's sum by x's 2^e, in f32.
 //
 // BF16 weights take the same path with bf16 MMAs on the stored bits: a
 // "column block" is then 64 columns (the same 128 bytes per row), lane c's 16
@@ -55,6 +63,7 @@
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/kernels/mhc/mhc_coeffs.cuh"
+#include "backend/cuda/kernels/moe/swiglu.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/env_switch.h"
@@ -99,12 +108,42 @@ struct MmaArgs {
   int run_ratio;
   int64_t grp0;                    // row_begin / rows_per_group (the host divides: 64-bit division is a call here)
   bool x_vec;                      // x, ldx and x_group_stride allow 16-byte loads
+  // Non-null: x is an expert's gate rows and x_up its up rows (same strides);
+  // the GEMV reads swiglu_clamp(x, x_up, swiglu_limit) (a dense down projection).
+  const float* x_up;
+  float swiglu_limit;
 };
 
 __device__ __forceinline__ uint32_t bits(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// Two int8 codes (bytes 0, 1 of v, or 2, 3 with kHigh) as an f16x2: each
+// offset byte u = code + 128 is placed under the exponent of 1024, giving
+// 1024 + u exactly, and 1152 is taken off (exact: integers below 2048).
+template <bool kHigh>
+__device__ __forceinline__ uint32_t i8x2_to_f16x2(uint32_t v) {
+  const uint32_t u = __byte_perm(v ^ 0x80808080u, 0x64646464u, kHigh ? 0x7362u : 0x5140u);
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&u), __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+  return bits(r);
+}
+
+// 8 bytes of a weight read once per launch (see ld_stream16).
+__device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// One lane's share of a 128-byte column block of rows a and b: buf[0], buf[1]
+// the first 64-column step of a and b, buf[2], buf[3] the second.
+__device__ __forceinline__ void load_block(const uint8_t* a, const uint8_t* b, uint4 (&buf)[4]) {
+  buf[0] = ld_stream16(a);
+  buf[1] = ld_stream16(b);
+  buf[2] = ld_stream16(a + 64);
+  buf[3] = ld_stream16(b + 64);
 }
 
 // kDepth: column blocks (128 bytes per row) of weight loads in flight per
@@ -121,9 +160,12 @@ struct Staging {
   static constexpr int kCols = kBf16 ? 64 : 128;  // columns per 128-byte column block
 };
 
-template <bool kExact, bool kBf16, bool kPacked>
+// kSwiglu: x is read as swiglu_clamp(x, x_up) (a.x_up set); a variant of its
+// own, as the branch alone cost the plain kernels ~1% of the decode step.
+template <bool kExact, bool kBf16, bool kPacked, bool kQ8 = false, bool kSwiglu = false>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   static_assert(!kPacked || (kExact && !kBf16), "hi / lo columns are the exact FP8 form");
+  static_assert(!(kQ8 && kBf16), "kQ8 takes the FP8 form's staging");
   using St = Staging<kExact, kBf16>;
   // MMAs per fragment: one per x split, or one for both (packed).
   constexpr int kMmaSplits = kPacked ? 1 : St::kSplits;
@@ -170,18 +212,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const int64_t row_bytes = kBf16 ? 2 * K : K;
   const uint8_t* wg = w.weight + rg * row_bytes + c * 16;
   const uint8_t* wg8 = w.weight + rg8 * row_bytes + c * 16;
+  // kQ8: the 4 f16 scales of a column block for rows rg and rg8 (8 bytes each).
+  const uint8_t* sg = kQ8 ? w.scale + rg * (K / 16) : nullptr;
+  const uint8_t* sg8 = kQ8 ? w.scale + rg8 * (K / 16) : nullptr;
+  uint2 sbuf[kDepth][2];
   // FP8 block scales travel with the weights: loaded at use, each would cost
   // a full memory latency per column block.
-  const int64_t srow = kBf16 ? 0 : (min(row0, hi - 1) / 128) * w.scale_cols;  // FP8 blocks are 128 (gemv_mma_supports)
+  const int64_t srow = kBf16 || kQ8 ? 0 : (min(row0, hi - 1) / 128) * w.scale_cols;  // FP8 blocks are 128 (gemv_mma_supports)
   uint4 buf[kDepth][4];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
     const int kb = kb_begin + d;
     if (active && kb < kb_end) {
-      buf[d][0] = ld_stream16(wg + kb * 128);
-      buf[d][1] = ld_stream16(wg8 + kb * 128);
-      buf[d][2] = ld_stream16(wg + kb * 128 + 64);
-      buf[d][3] = ld_stream16(wg8 + kb * 128 + 64);
+      load_block(wg + kb * 128, wg8 + kb * 128, buf[d]);
+      if constexpr (kQ8) sbuf[d][0] = ld_stream8(sg + kb * 8), sbuf[d][1] = ld_stream8(sg8 + kb * 8);
     }
   }
   // The warp's FP8 block scales, decoded once into its own table: loaded and
@@ -191,7 +235,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   float* xinv = reinterpret_cast<float*>(smem + int64_t(St::kSplits) * T * xrow * 2);  // FP8: [T, K / 128]
   const int nch = int(K) / 128, nall = int(T) * nch;
   float* wtab = xinv + nall + warp * ((nkb + S - 1) / S);  // FP8: [warps][ceil(nkb / S)]
-  if (!kBf16 && active) {
+  if (!kBf16 && !kQ8 && active) {
     for (int i = lane; i < kb_end - kb_begin; i += 32) wtab[i] = decode_scale(w, load_scale_raw(w, srow + kb_begin + i));
   }
 
@@ -229,13 +273,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
       const int ch = ch0 + q * nwarps;
       if (ch >= nall) break;
       const int t = ch / nch;
-      const float* src = xg + t * a.ldx + (ch - t * nch) * 128 + 4 * lane;
+      const int64_t off = t * a.ldx + (ch - t * nch) * 128 + 4 * lane;
+      const float* src = xg + off;
       if (a.x_vec) {
         const float4 f = *reinterpret_cast<const float4*>(src);
         v[q][0] = f.x, v[q][1] = f.y, v[q][2] = f.z, v[q][3] = f.w;
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[q][i] = src[i];
+      }
+      if constexpr (kSwiglu) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[q][i] = swiglu_clamp(v[q][i], a.x_up[off + i], a.swiglu_limit);
       }
     }
 #pragma unroll
@@ -304,8 +353,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
         const int kb = kb0 + d;
         if (kb >= kb_end) break;
         // Independent accumulator chains (step x split): back-to-back MMAs on
-        // one accumulator would wait out each other's latency.
+        // one accumulator would wait out each other's latency. kQ8 keeps a
+        // chain per 32-column group (cq), the unit of its scales.
         float cb[2][kMmaSplits][4] = {};
+        float cq[kQ8 ? 2 : 1][kQ8 ? 2 : 1][kMmaSplits][4] = {};
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
           const uint4 wr = buf[d][2 * st], wr8 = buf[d][2 * st + 1];
@@ -322,40 +373,86 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
                 mma_bf16_16816(cb[st][sp], af, word(xv[sp], 2 * j), word(xv[sp], 2 * j + 1));
             }
           } else {
-            const int64_t xo = bplane + tb * xrow + kb * 128 + st * 64 + c * 16;
+            // x columns of the lane's weight bytes: [16c, 16c + 16) of the step (FP8), or
+            // [8c, 8c + 8) and [32 + 8c, 40 + 8c) (kQ8).
+            const int64_t xo = bplane + tb * xrow + kb * 128 + st * 64 + c * (kQ8 ? 8 : 16);
             uint4 xv[kMmaSplits][2];
 #pragma unroll
             for (int sp = 0; sp < kMmaSplits; ++sp) {
               xv[sp][0] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo);
-              xv[sp][1] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo + 8);
+              xv[sp][1] = *reinterpret_cast<const uint4*>(xs + sp * plane + xo + (kQ8 ? 32 : 8));
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               const uint32_t w0 = word(wr, j), w8 = word(wr8, j);
-              const uint32_t af[4] = {e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w8), e4m3x2_hi_to_f16x2(w0),
-                                      e4m3x2_hi_to_f16x2(w8)};
+              uint32_t af[4];
+              if constexpr (kQ8) {
+                af[0] = i8x2_to_f16x2<false>(w0), af[1] = i8x2_to_f16x2<false>(w8);
+                af[2] = i8x2_to_f16x2<true>(w0), af[3] = i8x2_to_f16x2<true>(w8);
+              } else {
+                af[0] = e4m3x2_to_f16x2(w0), af[1] = e4m3x2_to_f16x2(w8);
+                af[2] = e4m3x2_hi_to_f16x2(w0), af[3] = e4m3x2_hi_to_f16x2(w8);
+              }
 #pragma unroll
               for (int sp = 0; sp < kMmaSplits; ++sp) {
                 const uint4& xb = xv[sp][j >> 1];
-                mma_f16_16816(cb[st][sp], af, word(xb, (2 * j) & 3), word(xb, (2 * j + 1) & 3));
+                float(&acc_j)[4] = kQ8 ? cq[kQ8 ? st : 0][kQ8 ? j >> 1 : 0][sp] : cb[st][sp];
+                mma_f16_16816(acc_j, af, word(xb, (2 * j) & 3), word(xb, (2 * j + 1) & 3));
               }
             }
           }
         }
-        const float ws = kBf16 ? 1.0f : wtab[kb - kb_begin];
+        const float ws = kBf16 || kQ8 ? 1.0f : wtab[kb - kb_begin];
+        // kQ8: this column block's 4 scales of rows g and g + 8 (f32), before the refill reuses sbuf[d].
+        float qs[2][4];
+        if constexpr (kQ8) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sbuf[d][r].x));
+            const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sbuf[d][r].y));
+            qs[r][0] = s01.x, qs[r][1] = s01.y, qs[r][2] = s23.x, qs[r][3] = s23.y;
+          }
+        }
         if (kb + kDepth < kb_end) {
           // Running pointers save ~16 instructions per column block; the
           // unpacked exact and BF16 forms (more live registers) would spill them.
           constexpr bool kRunning = kPacked || (!kExact && !kBf16);
           const uint8_t* pa = kRunning ? pw + d * 128 : wg + (kb + kDepth) * 128;
           const uint8_t* pb = kRunning ? pw8 + d * 128 : wg8 + (kb + kDepth) * 128;
-          buf[d][0] = ld_stream16(pa);
-          buf[d][1] = ld_stream16(pb);
-          buf[d][2] = ld_stream16(pa + 64);
-          buf[d][3] = ld_stream16(pb + 64);
+          load_block(pa, pb, buf[d]);
+          if constexpr (kQ8) {
+            sbuf[d][0] = ld_stream8(sg + (kb + kDepth) * 8);
+            sbuf[d][1] = ld_stream8(sg8 + (kb + kDepth) * 8);
+          }
+        }
+        if constexpr (kQ8) {
+          // Each 32-column group's sums times its rows' scales, in group order,
+          // into cb[0][0] (cb is unused by kQ8's MMAs), then combined as below.
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int st = 0; st < 2; ++st)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float part = 0.0f;
+#pragma unroll
+                for (int sp = kMmaSplits - 1; sp >= 0; --sp) part += cq[st][h][sp][i];
+                sum = fmaf(part, qs[i >> 1][2 * st + h], sum);
+              }
+            cb[0][0][i] = sum;
+          }
         }
         float cbs[4];
-        if constexpr (kPacked) {
+        if constexpr (kQ8) {
+          if constexpr (kPacked) {  // columns 2c (hi) and 2c + 1 (lo) of one token: lo first, as below
+#pragma unroll
+            for (int r = 0; r < 4; r += 2) cbs[r] = cbs[r + 1] = cb[0][0][r + 1] + cb[0][0][r];
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) cbs[i] = cb[0][0][i];
+          }
+        } else if constexpr (kPacked) {
           // C columns 2c (hi) and 2c + 1 (lo) of rows g and g + 8: lo first, as below.
 #pragma unroll
           for (int r = 0; r < 4; r += 2) {
@@ -431,7 +528,19 @@ using MmaKernel = void (*)(MmaArgs);
 // Tokens per launch up to which exact FP8 packs hi and lo into one MMA.
 constexpr int64_t kPackedMaxTok = kMaxTok / 2;
 
-MmaKernel kernel_for(bool exact, bool bf16, bool packed = false) {
+MmaKernel kernel_for(bool exact, bool bf16, bool packed = false, bool q8 = false, bool swiglu = false) {
+  if (swiglu && !bf16) {
+    if (q8) {
+      if (exact && packed) return gemv_mma_sm90<true, false, true, true, true>;
+      return exact ? gemv_mma_sm90<true, false, false, true, true> : gemv_mma_sm90<false, false, false, true, true>;
+    }
+    if (exact && packed) return gemv_mma_sm90<true, false, true, false, true>;
+    return exact ? gemv_mma_sm90<true, false, false, false, true> : gemv_mma_sm90<false, false, false, false, true>;
+  }
+  if (q8) {
+    if (exact && packed) return gemv_mma_sm90<true, false, true, true>;
+    return exact ? gemv_mma_sm90<true, false, false, true> : gemv_mma_sm90<false, false, false, true>;
+  }
   if (bf16) return exact ? gemv_mma_sm90<true, true, false> : gemv_mma_sm90<false, true, false>;
   if (exact && packed) return gemv_mma_sm90<true, false, true>;
   return exact ? gemv_mma_sm90<true, false, false> : gemv_mma_sm90<false, false, false>;
@@ -444,7 +553,8 @@ Status allow_smem(MmaKernel k) { return raise_smem_limit(reinterpret_cast<const 
 bool gemv_mma_supports(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_group) {
   const bool fp8 = w.format == DevFormat::kFP8Block && w.block == 128;
   const bool bf16 = w.format == DevFormat::kBF16;
-  return (fp8 || bf16) && w.in % 128 == 0 && w.in > 0 && reinterpret_cast<uintptr_t>(w.weight) % 16 == 0 &&
+  const bool q8 = w.format == DevFormat::kQ8 && w.scale_type == DevScale::kF16 && w.scale_cols * 32 == w.in;
+  return (fp8 || bf16 || q8) && w.in % 128 == 0 && w.in > 0 && reinterpret_cast<uintptr_t>(w.weight) % 16 == 0 &&
          row_begin % kTile == 0 && rows_per_group > 0 && rows_per_group % kTile == 0 &&
          stage_bytes(1, w.in, true, bf16) <= kMaxStageBytes;
 }
@@ -466,6 +576,12 @@ Status gemv_mma_prepare() {
   for (bool exact : {true, false})
     for (bool bf16 : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, bf16)));
   AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true, false, true)));
+  for (bool q8 : {false, true})
+    for (bool swiglu : {false, true}) {
+      if (!q8 && !swiglu) continue;  // above
+      for (bool exact : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, false, false, q8, swiglu)));
+      AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true, false, true, q8, swiglu)));
+    }
   return Status::ok();
 }
 
@@ -477,14 +593,17 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
                   float* y, int64_t ldy, int64_t rows_per_group, int64_t x_group_stride, const DeviceLinear* pair2,
                   float* y2, int64_t ldy2, cudaStream_t stream, const float* x_norm = nullptr, float eps = 0.0f,
                   const HcCombJob& job = {}, const StepInfo* run_step = nullptr, int run_ratio = 0,
-                  int max_blocks = 0) {
+                  int max_blocks = 0, const float* x_up = nullptr, float swiglu_limit = 0.0f,
+                  bool programmatic = true) {
   const int64_t n_rows = row_end - row_begin;
   if (n_rows <= 0 || T <= 0) return Status::ok();
   const bool exact = mma_precision() != MmaPrecision::kBf16;
   const bool bf16 = w.format == DevFormat::kBF16;
   // AFF_CUDA_GEMV_PACKED=0: two MMAs per fragment at every T (comparisons).
   static const bool pack_ok = env_switch_on("AFF_CUDA_GEMV_PACKED");
-  const MmaKernel kernel = kernel_for(exact, bf16, pack_ok && T <= kPackedMaxTok);
+  if (x_up != nullptr && bf16) return internal_error("gemv_mma: no SwiGLU staging for BF16 weights");
+  const MmaKernel kernel =
+      kernel_for(exact, bf16, pack_ok && T <= kPackedMaxTok, w.format == DevFormat::kQ8, x_up != nullptr);
   AFF_RETURN_IF_ERROR(allow_smem(kernel));
   const int sms = current_device_multiprocessors();
   const int64_t groups = (row_end - 1) / rows_per_group - row_begin / rows_per_group + 1;
@@ -517,10 +636,16 @@ Status launch_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, con
     const int64_t n = std::min(tc, T - t0);
     MmaArgs a{w, row_begin, n_rows, x + t0 * ldx, ldx, n, rows_per_group, x_group_stride, y + t0 * ldy, ldy,
               split, rt, rows1, pair2 ? *pair2 : w, pair2 ? y2 + t0 * ldy2 : nullptr, ldy2, x_norm, eps,
-              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio, row_begin / rows_per_group, x_vec};
+              t0 == 0 ? job : HcCombJob{}, run_step, run_ratio, row_begin / rows_per_group, x_vec,
+              x_up != nullptr ? x_up + t0 * ldx : nullptr, swiglu_limit};
     const dim3 grid{unsigned(blocks + (a.job.comb != nullptr ? 1 : 0)), unsigned(groups)};
     const dim3 block(unsigned(split * rt * 32));
-    AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
+    if (programmatic) {
+      AFF_RETURN_IF_ERROR(cuda_status(launch_pdl(kernel, grid, block, smem, stream, a), "gemv_mma_sm90"));
+    } else {
+      kernel<<<grid, block, smem, stream>>>(a);
+      AFF_RETURN_IF_ERROR(launch_status("gemv_mma_sm90"));
+    }
   }
   return Status::ok();
 }
@@ -543,6 +668,18 @@ Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* 
   return launch_mma(w, 0, w.out, x, w.in, T, y, w.out, whole, 0, nullptr, nullptr, 0, stream, norm, eps);
 }
 
+
+Status gemv_mma_swiglu(const DeviceLinear& w, const float* gate, const float* up, int64_t ldx, int64_t T,
+                       float swiglu_limit, float* y, int64_t ldy, int max_blocks, cudaStream_t stream) {
+  if (T <= 0) return Status::ok();
+  const int64_t whole = round_up16(w.out);
+  if (!gemv_mma_supports(w, 0, whole) || gate == nullptr || up == nullptr)
+    return internal_error("gemv_mma_swiglu: unsupported weight");
+  // Not a programmatic dependent: the decode MoE runs it on a side stream,
+  // where blocks resident early would hold SMs the routed launches need.
+  return launch_mma(w, 0, w.out, gate, ldx, T, y, ldy, whole, 0, nullptr, nullptr, 0, stream, nullptr, 0.0f, {},
+                    nullptr, 0, max_blocks, up, swiglu_limit, /*programmatic=*/false);
+}
 
 bool gemv_mma_pair_supports(const DeviceLinear& w1, const DeviceLinear& w2) {
   return gemv_mma_supports(w1, 0, round_up16(w1.out + w2.out)) && gemv_mma_supports(w2, 0, round_up16(w2.out)) && w1.out % kTile == 0 &&

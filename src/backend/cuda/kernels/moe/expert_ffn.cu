@@ -51,6 +51,7 @@ AFF_MOE_KERNELS(bf16, DevFormat::kBF16)
 AFF_MOE_KERNELS(f16, DevFormat::kF16)
 AFF_MOE_KERNELS(f32, DevFormat::kF32)
 AFF_MOE_KERNELS(ggml, DevFormat::kGgml)
+AFF_MOE_KERNELS(q8, DevFormat::kQ8)
 #undef AFF_MOE_KERNELS
 
 using MoeKernel = void (*)(ExpertFfnArgs);
@@ -66,6 +67,7 @@ MoeKernels select_moe_kernels(DevFormat f) {
     case DevFormat::kF16: return {moe_up_f16_f32_sm90, moe_down_f16_f32_sm90};
     case DevFormat::kF32: return {moe_up_f32_f32_sm90, moe_down_f32_f32_sm90};
     case DevFormat::kGgml: return {moe_up_ggml_f32_sm90, moe_down_ggml_f32_sm90};
+    case DevFormat::kQ8: return {moe_up_q8_f32_sm90, moe_down_q8_f32_sm90};
   }
   return {};
 }
