@@ -113,6 +113,7 @@ class Runner {
     mo.expert_gate_up = o_.gate_up;
     mo.expert_down = o_.down;
     mo.dense = o_.dense;
+    mo.head = o_.head;
     mo.expert_pool = o_.expert_pool;
     mo.seed = o_.seed;
     AFF_ASSIGN_OR_RETURN(r_.traffic, cuda::synthetic_decode_bytes(cfg, mo));
@@ -264,7 +265,7 @@ std::string utc_now() {
 }  // namespace
 
 Status set_formats(BenchOptions& o, const std::string& experts, const std::string& expert_types,
-                   const std::string& dense) {
+                   const std::string& dense, const std::string& head) {
   using cuda::parse_synthetic_format;
   if (!expert_types.empty()) {
     const size_t comma = expert_types.find(',');
@@ -287,6 +288,9 @@ Status set_formats(BenchOptions& o, const std::string& experts, const std::strin
   if (dense == "fp8") o.dense = {cuda::SyntheticFormat::Kind::kFP8Block, ""};
   else if (dense == "q8_0" || dense == "Q8_0") o.dense = {cuda::SyntheticFormat::Kind::kGgml, "Q8_0"};
   else return invalid_argument("--dense: expected fp8 or q8_0, got '" + dense + "'");
+  if (head == "bf16" || head == "BF16") o.head = {cuda::SyntheticFormat::Kind::kBF16, ""};
+  else if (head == "q8_0" || head == "Q8_0") o.head = {cuda::SyntheticFormat::Kind::kGgml, "Q8_0"};
+  else return invalid_argument("--head: expected bf16 or q8_0, got '" + head + "'");
   return Status::ok();
 }
 
@@ -305,10 +309,10 @@ std::string report_text(const BenchReport& r) {
   const double floor_ms = per_tok / kHbmBytesPerSecond * 1e3;
   std::string s;
   s += fmt::format("affinity-bench {} on {}, {}\n", AFFINITY_VERSION, o.gpu_name, utc_now());
-  s += fmt::format("model: V4-Flash geometry, {} layers, experts {} ({}/{}, {:.3f} bpw), dense {}{}; {} on the device, "
-                   "built in {:.1f} s\n",
+  s += fmt::format("model: V4-Flash geometry, {} layers, experts {} ({}/{}, {:.3f} bpw), dense {}, head {}{}; {} on "
+                   "the device, built in {:.1f} s\n",
                    o.layers, o.recipe, o.gate_up.name(), o.down.name(),
-                   (2 * o.gate_up.bits_per_weight() + o.down.bits_per_weight()) / 3, o.dense.name(),
+                   (2 * o.gate_up.bits_per_weight() + o.down.bits_per_weight()) / 3, o.dense.name(), o.head.name(),
                    o.expert_pool ? fmt::format(", {} physical experts per layer", o.expert_pool) : "",
                    gb(double(r.model_bytes)), r.build_seconds);
   s += fmt::format("weights read per decode token: {} (embedding row {} B, dense {}, routed {}x{} experts {}, head {}); "
@@ -362,7 +366,7 @@ nlohmann::json report_json(const BenchReport& r) {
                 {"experts", o.recipe},
                 {"expert_gate_up", o.gate_up.name()},
                 {"expert_down", o.down.name()},
-                {"dense", o.dense.name()},
+                {"dense", o.dense.name()}, {"head", o.head.name()},
                 {"expert_pool", o.expert_pool},
                 {"device_bytes", r.model_bytes},
                 {"build_seconds", r.build_seconds}};

@@ -23,7 +23,7 @@ struct BenchOptions {
   std::string gpu_name;
   std::string recipe;  // what --experts / --expert-types said, for the report
   int layers = 43;
-  cuda::SyntheticFormat gate_up, down, dense;
+  cuda::SyntheticFormat gate_up, down, dense, head;
   int expert_pool = 0;
   std::vector<int64_t> prefill, contexts;
   bool fill_by_prefill = false;
@@ -36,9 +36,9 @@ struct BenchOptions {
 };
 
 // Fills the formats from --experts (q2|q4|q8|mxfp4), --expert-types
-// (GATEUP,DOWN; wins over --experts) and --dense (fp8|q8_0).
+// (GATEUP,DOWN; wins over --experts), --dense (fp8|q8_0) and --head (bf16|q8_0).
 Status set_formats(BenchOptions& o, const std::string& experts, const std::string& expert_types,
-                   const std::string& dense);
+                   const std::string& dense, const std::string& head);
 
 struct PrefillResult {
   int64_t tokens = 0;

@@ -42,6 +42,8 @@ constexpr Flag kFlags[] = {
                             "default q2"},
     {"--expert-types", "GATEUP,DOWN", "explicit ggml (or fp8/mxfp4/bf16) types of w1/w3 and w2, e.g. IQ2_XXS,Q2_K"},
     {"--dense", "FMT", "attention and shared-expert storage: fp8 (E4M3 + 128x128 E8M0 scales) or q8_0; default fp8"},
+    {"--head", "FMT", "output head storage: bf16 (the official checkpoint) or q8_0 (aff-quantize's containers); "
+                      "default bf16"},
     {"--expert-pool", "N", "physical experts per layer shared round-robin by the 256 slots (for formats too large "
                            "for the GPU); default 0 = one per slot"},
     {"--prefill", "LIST", "prompt lengths to time; default 1024,8192,32768; 'none' skips"},
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
 #ifdef AFFINITY_HAS_CUDA
   aff::bench::BenchOptions o;
 #endif
-  std::string experts = "q2", expert_types, dense = "fp8", json_path, fill = "synthetic";
+  std::string experts = "q2", expert_types, dense = "fp8", head = "bf16", json_path, fill = "synthetic";
   std::vector<int64_t> prefill = {1024, 8192, 32768}, contexts = {0, 4096, 32768};
   // The prefill chunk defaults to the engine's (affinity --gpu-chunk), so the bench measures what it runs.
   int64_t layers = 43, pool = 0, steps = 16, runs = 3, chunk = aff::EngineOptions{}.gpu_chunk, kv_size = 1048576,
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
     else if (a == "--experts") experts = v;
     else if (a == "--expert-types") expert_types = v;
     else if (a == "--dense") dense = v;
+    else if (a == "--head") head = v;
     else if (a == "--expert-pool") ok = integer(pool, 0, 256);
     else if (a == "--prefill") ok = parse_list(v, prefill);
     else if (a == "--contexts") ok = parse_list(v, contexts);
@@ -159,7 +162,7 @@ int main(int argc, char** argv) {
   o.kv_commit = kv_commit;
   o.max_seconds = max_seconds;
   o.seed = uint64_t(seed);
-  auto st = aff::bench::set_formats(o, experts, expert_types, dense);
+  auto st = aff::bench::set_formats(o, experts, expert_types, dense, head);
   if (!st.is_ok()) return usage_error(st.message());
   auto report = aff::bench::run_bench(o);
   if (!report.is_ok()) {

@@ -408,7 +408,6 @@ class Builder {
   Status model(DeviceModel& out) {
     const dsv4::ModelConfig& c = cfg_;
     const int64_t D = c.hidden_size, V = c.vocab_size, hcm = c.hc_mult;
-    const SyntheticFormat bf16{SyntheticFormat::Kind::kBF16, ""};
     out.embed_format = DevFormat::kBF16;
     AFF_ASSIGN_OR_RETURN(uint8_t* emb, take(size_t(V * D) * 2, /*counted=*/false));
     traffic_.embed_row = size_t(D) * 2;
@@ -418,7 +417,7 @@ class Builder {
     if (arena_) AFF_RETURN_IF_ERROR(synth_fill_bf16(reinterpret_cast<uint16_t*>(emb), size_t(V * D), next_seed(), 1.7f, s_));
     out.embed = emb;
     const size_t before_head = traffic_.dense, macs_before = traffic_.dense_macs;
-    AFF_ASSIGN_OR_RETURN(out.head, linear(bf16, V, D, "head"));
+    AFF_ASSIGN_OR_RETURN(out.head, linear(opt_.head, V, D, "head"));
     traffic_.head = traffic_.dense - before_head;
     traffic_.head_macs = traffic_.dense_macs - macs_before;
     traffic_.dense = before_head, traffic_.dense_macs = macs_before;

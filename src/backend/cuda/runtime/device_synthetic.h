@@ -45,6 +45,7 @@ struct SyntheticModelOptions {
   SyntheticFormat expert_gate_up;       // routed experts' w1/w3 [moe_inter, D]
   SyntheticFormat expert_down;          // routed experts' w2 [D, moe_inter]
   SyntheticFormat dense{SyntheticFormat::Kind::kFP8Block, ""};  // attention, shared expert, indexer wq_b
+  SyntheticFormat head{SyntheticFormat::Kind::kBF16, ""};       // the output head [vocab, D]
   // Physical experts per layer; the 256 slots share them round-robin when
   // fewer (a model that would not fit otherwise). 0 = one per slot.
   int expert_pool = 0;
