@@ -130,12 +130,10 @@ __device__ __forceinline__ uint32_t i8x2_to_f16x2(uint32_t v) {
   return bits(r);
 }
 
-// 8 bytes of a weight read once per launch (see ld_stream16).
-__device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
+// kQ8: one row's 4 scales of a column block (8 bytes). Through L1, unlike
+// the codes: a 32-byte sector holds 4 column blocks' scales, so the next 3
+// loads of the row hit L1 instead of fetching the sector from L2 again.
+__device__ __forceinline__ uint2 ld_scales8(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 
 // One lane's share of a 128-byte column block of rows a and b: buf[0], buf[1]
 // the first 64-column step of a and b, buf[2], buf[3] the second.
@@ -212,7 +210,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
   const int64_t row_bytes = kBf16 ? 2 * K : K;
   const uint8_t* wg = w.weight + rg * row_bytes + c * 16;
   const uint8_t* wg8 = w.weight + rg8 * row_bytes + c * 16;
-  // kQ8: the 4 f16 scales of a column block for rows rg and rg8 (8 bytes each).
+  // kQ8: the 4 f16 scales of a column block for rows rg and rg8 (8 bytes each,
+  // 8-byte aligned: rows hold in / 32 scales, in % 128 == 0).
   const uint8_t* sg = kQ8 ? w.scale + rg * (K / 16) : nullptr;
   const uint8_t* sg8 = kQ8 ? w.scale + rg8 * (K / 16) : nullptr;
   uint2 sbuf[kDepth][2];
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
     const int kb = kb_begin + d;
     if (active && kb < kb_end) {
       load_block(wg + kb * 128, wg8 + kb * 128, buf[d]);
-      if constexpr (kQ8) sbuf[d][0] = ld_stream8(sg + kb * 8), sbuf[d][1] = ld_stream8(sg8 + kb * 8);
+      if constexpr (kQ8) sbuf[d][0] = ld_scales8(sg + kb * 8), sbuf[d][1] = ld_scales8(sg8 + kb * 8);
     }
   }
   // The warp's FP8 block scales, decoded once into its own table: loaded and
@@ -421,8 +420,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_sm90(MmaArgs a) {
           const uint8_t* pb = kRunning ? pw8 + d * 128 : wg8 + (kb + kDepth) * 128;
           load_block(pa, pb, buf[d]);
           if constexpr (kQ8) {
-            sbuf[d][0] = ld_stream8(sg + (kb + kDepth) * 8);
-            sbuf[d][1] = ld_stream8(sg8 + (kb + kDepth) * 8);
+            sbuf[d][0] = ld_scales8(sg + (kb + kDepth) * 8);
+            sbuf[d][1] = ld_scales8(sg8 + (kb + kDepth) * 8);
           }
         }
         if constexpr (kQ8) {
