@@ -15,6 +15,7 @@
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
+#include "host_product.h"
 #include "random_weights.h"
 #include "gpu_test_util.h"
 
@@ -41,36 +42,8 @@ std::string case_name(const ::testing::TestParamInfo<GgmlCase>& i) {
          std::to_string(i.param.in);
 }
 
-// y[t, r] = sum_i W[r, i] x[t, i] with W decoded by the CPU reference, in f64;
-// size[t, r] = sqrt(sum_i (W[r, i] x[t, i])^2), the scale the error is judged by.
-std::vector<float> reference(const dsv4::Linear& w, const std::vector<float>& x, int64_t T,
-                             std::vector<double>& size) {
-  std::vector<float> row(size_t(w.in)), y(size_t(T * w.out));
-  size.assign(y.size(), 0.0);
-  for (int64_t r = 0; r < w.out; ++r) {
-    ref::linear_dequant_row(w, r, row.data());
-    for (int64_t t = 0; t < T; ++t) {
-      double s = 0.0, q = 0.0;
-      for (int64_t i = 0; i < w.in; ++i) {
-        const double p = double(row[size_t(i)]) * double(x[size_t(t * w.in + i)]);
-        s += p, q += p * p;
-      }
-      y[size_t(t * w.out + r)] = float(s);
-      size[size_t(t * w.out + r)] = std::sqrt(q);
-    }
-  }
-  return y;
-}
-
-// sqrt(sum err^2 / sum size^2).
-double rel_to_size(const float* got, const float* want, const std::vector<double>& size) {
-  double e = 0.0, n = 0.0;
-  for (size_t i = 0; i < size.size(); ++i) {
-    e += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    n += size[i] * size[i];
-  }
-  return std::sqrt(e / std::max(n, 1e-300));
-}
+using testing::host_product;
+using testing::rel_to_size;
 
 class GgmlGemvTest : public ::testing::TestWithParam<GgmlCase> {};
 
@@ -90,7 +63,7 @@ TEST_P(GgmlGemvTest, MatchesReference) {
     std::vector<float> x(size_t(T * c.in));
     for (float& v : x) v = nd(rng);
     std::vector<double> size;
-    const std::vector<float> want = reference(w, x, T, size);
+    const std::vector<float> want = host_product(w, x, T, size);
     auto dx = upload_vector(x, "x");
     auto dy = upload_vector(std::vector<float>(want.size(), std::nanf("")), "y");
     ASSERT_TRUE(dx.is_ok() && dy.is_ok());

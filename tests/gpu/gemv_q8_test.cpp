@@ -20,6 +20,7 @@
 #include "backend/cuda/runtime/device_model.h"
 #include "backend/ref/linear.h"
 #include "gpu_test_util.h"
+#include "host_product.h"
 #include "quant/blocks.h"
 #include "random_weights.h"
 
@@ -29,40 +30,15 @@ namespace {
 using quant::GgmlType;
 
 // Errors are judged against sqrt(sum_i (w_i x_i)^2) per output (see
-// gemv_ggml_test.cpp). Exact setting: x as f16 hi + lo (~2^-22), int8 codes
+// host_product.h). Exact setting: x as f16 hi + lo (~2^-22), int8 codes
 // exact in f16, f32 sums: a few 1e-7. Fast setting: x as f16 hi (~2^-12 per
 // element). Prefill GEMM: weights rounded to bf16 (2^-9 per weight).
 constexpr double kTolExact = 1e-5;
 constexpr double kTolFast = 2e-3;
 constexpr double kTolGemm = 1e-2;
 
-// y [T, out] = x W^T in f64 with W decoded by the CPU reference; size as above.
-std::vector<float> reference(const dsv4::Linear& w, const std::vector<float>& x, int64_t T, std::vector<double>& size) {
-  std::vector<float> row(size_t(w.in)), y(size_t(T * w.out));
-  size.assign(y.size(), 0.0);
-  for (int64_t r = 0; r < w.out; ++r) {
-    ref::linear_dequant_row(w, r, row.data());
-    for (int64_t t = 0; t < T; ++t) {
-      double s = 0.0, q = 0.0;
-      for (int64_t i = 0; i < w.in; ++i) {
-        const double p = double(row[size_t(i)]) * double(x[size_t(t * w.in + i)]);
-        s += p, q += p * p;
-      }
-      y[size_t(t * w.out + r)] = float(s);
-      size[size_t(t * w.out + r)] = std::sqrt(q);
-    }
-  }
-  return y;
-}
-
-double rel_to_size(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& size) {
-  double e = 0.0, n = 0.0;
-  for (size_t i = 0; i < size.size(); ++i) {
-    e += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    n += size[i] * size[i];
-  }
-  return std::sqrt(e / std::max(n, 1e-300));
-}
+using testing::host_product;
+using testing::rel_to_size;
 
 std::vector<float> gaussian(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -147,7 +123,7 @@ TEST_P(DenseQ8Gemv, MatchesReferenceInBothPrecisions) {
     for (int64_t T : {1, 2, 3, 5, 8}) {
       const std::vector<float> x = gaussian(size_t(T * s.in), rng);
       std::vector<double> size;
-      const std::vector<float> want = reference(q.host, x, T, size);
+      const std::vector<float> want = host_product(q.host, x, T, size);
       const std::vector<float> got = run_gemv(q.dev, x, T);
       ASSERT_EQ(got.size(), want.size());
       for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "T=" << T;
@@ -184,7 +160,7 @@ TEST(DenseQ8, ExpertPairAndSwigluDownMatchReference) {
     std::vector<float> x = gaussian(size_t(T * D), rng);
     for (float& v : x) v *= 20.0f;  // gate values past the clamp
     std::vector<double> sg, su, sd;
-    const std::vector<float> g = reference(w1.host, x, T, sg), u = reference(w3.host, x, T, su);
+    const std::vector<float> g = host_product(w1.host, x, T, sg), u = host_product(w3.host, x, T, su);
     auto dx = upload_vector(x, "x");
     auto dgu = upload_vector(std::vector<float>(size_t(2 * T * I), std::nanf("")), "gate/up");
     auto dy = upload_vector(std::vector<float>(size_t(T * D), std::nanf("")), "y");
@@ -209,7 +185,7 @@ TEST(DenseQ8, ExpertPairAndSwigluDownMatchReference) {
       act[i] = float(gv / (1.0 + std::exp(-gv)) * uv);
     }
     EXPECT_GT(clamped, 0) << "the clamp is exercised";
-    const std::vector<float> want = reference(w2.host, act, T, sd);
+    const std::vector<float> want = host_product(w2.host, act, T, sd);
     ASSERT_TRUE(gemv_mma_swiglu(w2.dev, dg, du, I, T, limit, dy->as<float>(), D, 2, nullptr).is_ok());
     auto got = download_vector(dy->as<float>(), size_t(T * D), "y");
     ASSERT_TRUE(got.is_ok());
@@ -260,7 +236,7 @@ TEST(DenseQ8, PrefillGemmMatchesReference) {
   set_mma_precision(MmaPrecision::kBf16x3);
   const std::vector<float> x = gaussian(size_t(T * 512), rng);
   std::vector<double> size;
-  const std::vector<float> want = reference(q.host, x, T, size);
+  const std::vector<float> want = host_product(q.host, x, T, size);
   const std::vector<float> got = run_gemv(q.dev, x, T);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_LE(rel_to_size(got, want, size), kTolGemm) << "seed " << seed;

@@ -107,12 +107,16 @@ struct RowCtx {
 template <DevFormat F>
 struct NativeChunk;  // kElems elements per 16-byte chunk
 
-template <>
-struct NativeChunk<DevFormat::kFP8Block> {
+// Formats of one byte per code (FP8, kQ8): 16 codes per chunk.
+struct ByteChunk {
   static constexpr int kElems = 16;
   __device__ static uint4 load(const DeviceLinear& w, int64_t row, int64_t c) {
     return ld_stream16(w.weight + row * w.in + c * 16);
   }
+};
+
+template <>
+struct NativeChunk<DevFormat::kFP8Block> : ByteChunk {
   template <int TT>
   __device__ static void dot(const DeviceLinear& w, const RowCtx& rc, int64_t c, const uint4 v, const ActF32& x,
                              int nt, float (&acc)[TT]) {
@@ -171,11 +175,7 @@ struct NativeChunk<DevFormat::kMXFP4> {
 // second (q8_code_at). Each half is summed and then scaled. Needs x unpermuted
 // (launch_fast never permutes x for kQ8).
 template <>
-struct NativeChunk<DevFormat::kQ8> {
-  static constexpr int kElems = 16;
-  __device__ static uint4 load(const DeviceLinear& w, int64_t row, int64_t c) {
-    return ld_stream16(w.weight + row * w.in + c * 16);
-  }
+struct NativeChunk<DevFormat::kQ8> : ByteChunk {
   template <int TT>
   __device__ static void dot(const DeviceLinear& w, const RowCtx& rc, int64_t c, const uint4 v, const ActF32& x,
                              int nt, float (&acc)[TT]) {
