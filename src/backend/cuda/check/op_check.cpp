@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
+#include "backend/cpu/linear_fast.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/ref/linear.h"
 #include "backend/ref/norm.h"
@@ -91,6 +93,28 @@ class Checker {
 
   Result<std::vector<float>> down(const float* p, int64_t n) { return download_vector(p, size_t(n), "op check"); }
 
+  // kTolRounded when any of the weights takes a rounding path (int8 activations
+  // on the GEMV, bf16 weights in the prefill GEMM: ggml and kQ8), else kTolOpF32.
+  static double tol_for(std::initializer_list<const DeviceLinear*> ws) {
+    for (const DeviceLinear* w : ws)
+      if (w->weight != nullptr && (w->format == DevFormat::kGgml || w->format == DevFormat::kQ8)) return kTolRounded;
+    return kTolOpF32;
+  }
+
+  // Whether any weight of the forward pass takes a rounding path (tol_for).
+  bool model_rounded() const {
+    if (tol_for({&dev_.head}) == kTolRounded) return true;
+    for (const DeviceLayer& d : dev_.layers) {
+      if (tol_for({&d.attn.wq_a, &d.attn.wq_b, &d.attn.wkv, &d.attn.wo_a, &d.attn.wo_b, &d.attn.indexer.wq_b}) ==
+          kTolRounded)
+        return true;
+      if ((!d.ffn.host_slots.empty() && d.ffn.expert_format == DevFormat::kGgml) ||
+          (d.ffn.has_shared && tol_for({&d.ffn.shared_host.w1}) == kTolRounded))
+        return true;
+    }
+    return false;
+  }
+
   Status linear_one(const dsv4::Linear& w, const DeviceLinear& d, const std::string& what) {
     if (!w.valid()) return Status::ok();
     const int64_t T = opts_.tokens;
@@ -101,8 +125,9 @@ class Checker {
     AFF_ASSIGN_OR_RETURN(DeviceBuffer dy, DeviceBuffer::allocate(want.size() * 4, "op check"));
     AFF_RETURN_IF_ERROR(gemv_f32(d, dx.as<float>(), T, dy.as<float>(), nullptr));
     AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * w.out));
+    // (the GEMV at opts_.tokens rows reads kQ8 exactly)
     add(std::string("linear.") + format_name(w.format), what, rel_rms(got.data(), want.data(), got.size()),
-        kTolOpF32);
+        d.format == DevFormat::kGgml ? kTolRounded : kTolOpF32);
     return Status::ok();
   }
 
@@ -272,7 +297,11 @@ class Checker {
     add("router.ids", detail, double(differ) / double(T * k), kTolDiscrete);
     add("router.weights", detail, rel_rms(wts_aligned.data(), routing.weights.data(), wts.size()), kTolOpF32);
     AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * D));
-    add("moe", detail + (hash ? " (hash)" : ""), rel_rms(got.data(), want.data(), got.size()), kTolOpF32);
+    const DeviceMoe& dm = dev_.layers[size_t(l)].ffn;
+    const bool rounded = (!dm.host_slots.empty() && dm.expert_format == DevFormat::kGgml) ||
+                         (dm.has_shared && tol_for({&dm.shared_host.w1}) == kTolRounded);
+    add("moe", detail + (hash ? " (hash)" : ""), rel_rms(got.data(), want.data(), got.size()),
+        rounded ? kTolRounded : kTolOpF32);
     return Status::ok();
   }
 
@@ -301,9 +330,11 @@ class Checker {
       AFF_RETURN_IF_ERROR(gpu_attention(dev_, l, *gpu, dx.as<float>() + pos * D, T, pos, dy.as<float>()));
       AFF_RETURN_IF_ERROR(gpu->stream.synchronize());
       AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * D));
+      const DeviceAttention& da = dev_.layers[size_t(l)].attn;
       add("attention." + kind, "layer " + std::to_string(l) + " positions " + std::to_string(pos) + "+" +
                                    std::to_string(T),
-          rel_rms(got.data(), want.data(), got.size()), kTolOpF32);
+          rel_rms(got.data(), want.data(), got.size()),
+          tol_for({&da.wq_a, &da.wq_b, &da.wkv, &da.wo_a, &da.wo_b, &da.indexer.wq_b}));
       pos += T;
     }
     const dsv4::LayerState& cl = cpu->layers[size_t(l)];
@@ -371,7 +402,7 @@ class Checker {
       fo.max_layers = depth;
       const bool whole = depth == L;
       const std::string op = whole ? "forward" : "layers";
-      const double tol = whole ? kTolModelF32 : kTolOpF32;
+      const double tol = model_rounded() ? kTolRounded : whole ? kTolModelF32 : kTolOpF32;
       const std::string detail = std::to_string(depth) + " of " + std::to_string(L) + " layers";
       auto cpu = dsv4::make_state(model_, total);
       AFF_ASSIGN_OR_RETURN(auto gpu, make_gpu_state(dev_, total, opts_.max_chunk));
@@ -409,8 +440,14 @@ class Checker {
 
 Result<std::vector<OpResult>> check_ops(const dsv4::LoadedModel& model, const DeviceModel& dev,
                                         const OpCheckOptions& opts) {
+  // The reference is f32: the CPU lane would quantise the activations of ggml
+  // weights (and the GPU reads split Q8_0 weights exactly).
+  const bool lane = ::aff::cpu::cpu_lane_enabled();
+  ::aff::cpu::set_cpu_lane_enabled(false);
   Checker c(model, dev, opts);
-  AFF_RETURN_IF_ERROR(c.run());
+  const Status st = c.run();
+  ::aff::cpu::set_cpu_lane_enabled(lane);
+  AFF_RETURN_IF_ERROR(st);
   return std::move(c.results);
 }
 

@@ -2,7 +2,9 @@
 // layers' attention and MoE over several chunks, and whole-model prefill and
 // decode on both backends with one model's weights and fresh random inputs,
 // and reports the relative RMS error of each. Used by aff-gpucheck and by the
-// GPU tests, so both hold the CUDA backend to the same contract.
+// GPU tests, so both hold the CUDA backend to the same contract. The CPU side
+// is the f32 reference: the CPU lane (quantised activations) is off while the
+// checker runs.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,12 @@ constexpr double kTolOpF32 = 1e-4;
 constexpr double kTolModelF32 = 1e-3;
 // Discrete outputs (routing ids, greedy tokens): fraction that differs.
 constexpr double kTolDiscrete = 0.0;
+// Ops whose GPU path rounds beyond f32 by design, against the f32 reference:
+// ggml-stored weights (a GGUF container's routed experts) quantise activations
+// to int8 per 32 on the GEMV, and ggml and split Q8_0 (kQ8) weights are
+// rounded to bf16 for the prefill GEMM (2^-9 per weight). Issue 5's bound where
+// such rounding is allowed (measured 2e-3..7e-3 on the tiny model's ops).
+constexpr double kTolRounded = 2e-2;
 
 struct OpResult {
   std::string op;      // "linear.fp8", "attention.csa", "forward.decode", ...
