@@ -6,7 +6,7 @@
 // hits. The last rows read one expert from pinned host memory mapped into the
 // device (zero-copy over PCIe), the path of a tiered expert store.
 //   --quick      fewer rows;
-//   --floors     the decode step's FP8 projections and the head against a plain
+//   --floors     the decode step's FP8 projections, some as split Q8_0, and the head against a plain
 //                read of the same bytes;
 //   --moe-parts  the decode MoE's launches alone and together, replayed from
 //                CUDA graphs (no launch gaps, as in the decode step), and the
@@ -487,7 +487,7 @@ int main(int argc, char** argv) {
     bench_moe_parts(x, y);
     return 0;
   }
-  if (floors) {  // the decode step's FP8 projections against the plain read of their bytes
+  if (floors) {  // the decode step's FP8 and split Q8_0 projections against the plain read of their bytes
     uint32_t* sink = nullptr;
     CK(cudaMalloc(&sink, 4));
     bench_floor(fp8, 32768, 1024, "wq_b", x, y, sink);
@@ -498,6 +498,12 @@ int main(int argc, char** argv) {
     bench_floor(fp8, 32768, 4096, "134 MB", x, y, sink);
     bench_floor(bf16, 129280, 4096, "head", x, y, sink);
     bench_floor(bf16, 129280, 4096, "head (mma)", x, y, sink, 129280, 0);
+    // The same projections as aff-quantize's containers store them (Q8_0, split on upload).
+    const Fmt q8{"Q8_0 split", DevFormat::kQ8, GgmlType::kQ8_0};
+    bench_floor(q8, 32768, 1024, "wq_b", x, y, sink);
+    bench_floor(q8, 8192, 4096, "wo_a (8 groups)", x, y, sink, 1024, 4096);
+    bench_floor(q8, 4096, 8192, "wo_b", x, y, sink);
+    bench_floor(q8, 129280, 4096, "head", x, y, sink);
     cudaFree(sink);
     return 0;
   }
