@@ -101,17 +101,23 @@ class Checker {
     return kTolOpF32;
   }
 
+  // tol_for over an attention's projections.
+  static double attention_tol(const DeviceAttention& a) {
+    return tol_for({&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.indexer.wq_b});
+  }
+
+  // kTolRounded when a MoE's routed experts are ggml-stored or its shared expert
+  // takes a rounding path, else kTolOpF32.
+  static double moe_tol(const DeviceMoe& m) {
+    if (!m.host_slots.empty() && m.expert_format == DevFormat::kGgml) return kTolRounded;
+    return m.has_shared ? tol_for({&m.shared_host.w1}) : kTolOpF32;
+  }
+
   // Whether any weight of the forward pass takes a rounding path (tol_for).
   bool model_rounded() const {
     if (tol_for({&dev_.head}) == kTolRounded) return true;
-    for (const DeviceLayer& d : dev_.layers) {
-      if (tol_for({&d.attn.wq_a, &d.attn.wq_b, &d.attn.wkv, &d.attn.wo_a, &d.attn.wo_b, &d.attn.indexer.wq_b}) ==
-          kTolRounded)
-        return true;
-      if ((!d.ffn.host_slots.empty() && d.ffn.expert_format == DevFormat::kGgml) ||
-          (d.ffn.has_shared && tol_for({&d.ffn.shared_host.w1}) == kTolRounded))
-        return true;
-    }
+    for (const DeviceLayer& d : dev_.layers)
+      if (attention_tol(d.attn) == kTolRounded || moe_tol(d.ffn) == kTolRounded) return true;
     return false;
   }
 
@@ -297,11 +303,8 @@ class Checker {
     add("router.ids", detail, double(differ) / double(T * k), kTolDiscrete);
     add("router.weights", detail, rel_rms(wts_aligned.data(), routing.weights.data(), wts.size()), kTolOpF32);
     AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * D));
-    const DeviceMoe& dm = dev_.layers[size_t(l)].ffn;
-    const bool rounded = (!dm.host_slots.empty() && dm.expert_format == DevFormat::kGgml) ||
-                         (dm.has_shared && tol_for({&dm.shared_host.w1}) == kTolRounded);
     add("moe", detail + (hash ? " (hash)" : ""), rel_rms(got.data(), want.data(), got.size()),
-        rounded ? kTolRounded : kTolOpF32);
+        moe_tol(dev_.layers[size_t(l)].ffn));
     return Status::ok();
   }
 
@@ -330,11 +333,9 @@ class Checker {
       AFF_RETURN_IF_ERROR(gpu_attention(dev_, l, *gpu, dx.as<float>() + pos * D, T, pos, dy.as<float>()));
       AFF_RETURN_IF_ERROR(gpu->stream.synchronize());
       AFF_ASSIGN_OR_RETURN(std::vector<float> got, down(dy.as<float>(), T * D));
-      const DeviceAttention& da = dev_.layers[size_t(l)].attn;
       add("attention." + kind, "layer " + std::to_string(l) + " positions " + std::to_string(pos) + "+" +
                                    std::to_string(T),
-          rel_rms(got.data(), want.data(), got.size()),
-          tol_for({&da.wq_a, &da.wq_b, &da.wkv, &da.wo_a, &da.wo_b, &da.indexer.wq_b}));
+          rel_rms(got.data(), want.data(), got.size()), attention_tol(dev_.layers[size_t(l)].attn));
       pos += T;
     }
     const dsv4::LayerState& cl = cpu->layers[size_t(l)];

@@ -527,22 +527,18 @@ using MmaKernel = void (*)(MmaArgs);
 // Tokens per launch up to which exact FP8 packs hi and lo into one MMA.
 constexpr int64_t kPackedMaxTok = kMaxTok / 2;
 
+// The forms with the FP8 staging (FP8, kQ8) of one (exact, packed).
+template <bool kExact, bool kPacked>
+MmaKernel fp8_staged(bool q8, bool swiglu) {
+  if (q8) return swiglu ? gemv_mma_sm90<kExact, false, kPacked, true, true> : gemv_mma_sm90<kExact, false, kPacked, true>;
+  return swiglu ? gemv_mma_sm90<kExact, false, kPacked, false, true> : gemv_mma_sm90<kExact, false, kPacked>;
+}
+
+// packed: exact only (hi and lo as two columns of one MMA); swiglu: FP8 staging only.
 MmaKernel kernel_for(bool exact, bool bf16, bool packed = false, bool q8 = false, bool swiglu = false) {
-  if (swiglu && !bf16) {
-    if (q8) {
-      if (exact && packed) return gemv_mma_sm90<true, false, true, true, true>;
-      return exact ? gemv_mma_sm90<true, false, false, true, true> : gemv_mma_sm90<false, false, false, true, true>;
-    }
-    if (exact && packed) return gemv_mma_sm90<true, false, true, false, true>;
-    return exact ? gemv_mma_sm90<true, false, false, false, true> : gemv_mma_sm90<false, false, false, false, true>;
-  }
-  if (q8) {
-    if (exact && packed) return gemv_mma_sm90<true, false, true, true>;
-    return exact ? gemv_mma_sm90<true, false, false, true> : gemv_mma_sm90<false, false, false, true>;
-  }
   if (bf16) return exact ? gemv_mma_sm90<true, true, false> : gemv_mma_sm90<false, true, false>;
-  if (exact && packed) return gemv_mma_sm90<true, false, true>;
-  return exact ? gemv_mma_sm90<true, false, false> : gemv_mma_sm90<false, false, false>;
+  if (exact && packed) return fp8_staged<true, true>(q8, swiglu);
+  return exact ? fp8_staged<true, false>(q8, swiglu) : fp8_staged<false, false>(q8, swiglu);
 }
 
 Status allow_smem(MmaKernel k) { return raise_smem_limit(reinterpret_cast<const void*>(k), int(kMaxStageBytes)); }
@@ -572,12 +568,9 @@ bool gemv_mma_takes(const DeviceLinear& w, int64_t row_begin, int64_t rows_per_g
 bool gemv_mma_takes_all(const DeviceLinear& w) { return gemv_mma_takes(w, 0, round_up16(w.out)); }
 
 Status gemv_mma_prepare() {
-  for (bool exact : {true, false})
-    for (bool bf16 : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, bf16)));
-  AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true, false, true)));
+  for (bool exact : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, /*bf16=*/true)));
   for (bool q8 : {false, true})
     for (bool swiglu : {false, true}) {
-      if (!q8 && !swiglu) continue;  // above
       for (bool exact : {true, false}) AFF_RETURN_IF_ERROR(allow_smem(kernel_for(exact, false, false, q8, swiglu)));
       AFF_RETURN_IF_ERROR(allow_smem(kernel_for(true, false, true, q8, swiglu)));
     }
