@@ -32,13 +32,7 @@ constexpr double kTolBf16x3 = 2e-5;
 // outputs are weighted means of keys, so the relative RMS stays near 3e-3.
 constexpr double kTolBf16 = 1e-2;
 
-
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using testing::randn;
 
 struct AttnCase {
   std::string name;

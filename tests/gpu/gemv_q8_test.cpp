@@ -38,14 +38,9 @@ constexpr double kTolFast = 2e-3;
 constexpr double kTolGemm = 1e-2;
 
 using testing::host_product;
+using testing::randn;
 using testing::rel_to_size;
 
-std::vector<float> gaussian(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
 
 // A Q8_0 weight on the device as a dense weight (and its arena).
 struct DenseQ8 {
@@ -121,7 +116,7 @@ TEST_P(DenseQ8Gemv, MatchesReferenceInBothPrecisions) {
   for (bool exact : {true, false}) {
     set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
     for (int64_t T : {1, 2, 3, 5, 8}) {
-      const std::vector<float> x = gaussian(size_t(T * s.in), rng);
+      const std::vector<float> x = randn(size_t(T * s.in), rng);
       std::vector<double> size;
       const std::vector<float> want = host_product(q.host, x, T, size);
       const std::vector<float> got = run_gemv(q.dev, x, T);
@@ -157,7 +152,7 @@ TEST(DenseQ8, ExpertPairAndSwigluDownMatchReference) {
   ASSERT_TRUE(gemv_mma_pair_supports(w1.dev, w3.dev));
   set_mma_precision(MmaPrecision::kBf16x3);
   for (int64_t T : {1, 3}) {
-    std::vector<float> x = gaussian(size_t(T * D), rng);
+    std::vector<float> x = randn(size_t(T * D), rng);
     for (float& v : x) v *= 20.0f;  // gate values past the clamp
     std::vector<double> sg, su, sd;
     const std::vector<float> g = host_product(w1.host, x, T, sg), u = host_product(w3.host, x, T, su);
@@ -201,7 +196,7 @@ TEST(DenseQ8, GroupedRowsReadTheirOwnSlice) {
   const int64_t G = 4, R = 48, in = 256, T = 2;
   DenseQ8 q;
   upload_q8(q, G * R, in, rng);
-  const std::vector<float> x = gaussian(size_t(T * G * in), rng);  // token t, group g at t*G*in + g*in
+  const std::vector<float> x = randn(size_t(T * G * in), rng);  // token t, group g at t*G*in + g*in
   std::vector<float> want(size_t(T * G * R)), row(static_cast<size_t>(in));
   std::vector<double> size(want.size());
   for (int64_t r = 0; r < G * R; ++r) {
@@ -234,7 +229,7 @@ TEST(DenseQ8, PrefillGemmMatchesReference) {
   const int64_t T = kGemmMinTokens + 9;
   ASSERT_TRUE(linear_uses_gemm(q.dev, T));
   set_mma_precision(MmaPrecision::kBf16x3);
-  const std::vector<float> x = gaussian(size_t(T * 512), rng);
+  const std::vector<float> x = randn(size_t(T * 512), rng);
   std::vector<double> size;
   const std::vector<float> want = host_product(q.host, x, T, size);
   const std::vector<float> got = run_gemv(q.dev, x, T);

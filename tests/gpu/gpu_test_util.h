@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "backend/device_probe.h"
 
@@ -25,6 +26,14 @@ inline bool gpu_present(std::string* why) {
 inline uint64_t test_seed() {
   if (const char* s = std::getenv("AFF_TEST_SEED"); s != nullptr && *s != '\0') return std::strtoull(s, nullptr, 10);
   return std::random_device{}();
+}
+
+// n values drawn from N(0, sd^2).
+inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
 }
 
 }  // namespace aff::cuda::testing
