@@ -10,8 +10,14 @@
 //                read of the same bytes;
 //   --moe-parts  the decode MoE's launches alone and together, replayed from
 //                CUDA graphs (no launch gaps, as in the decode step), and the
-//                one-launch MoE with its per-block phase times.
+//                one-launch MoE with its per-block phase times;
+//   --chain      a chain of dependent normed FP8 GEMVs (4096 x 4096) as launches
+//                and as one persistent launch (gemv_chain.h) in each rounding of
+//                x, with and without its copies gated, ring sizes, and block 0's
+//                per-step phase times, against the plain read of the same bytes,
+//                replayed from CUDA graphs.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +29,7 @@
 
 #include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
+#include "backend/cuda/kernels/gemv/gemv_chain.h"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/device_weights.h"
@@ -466,12 +473,140 @@ void bench_moe_parts(float* x, float* out) {
   cudaFree(dslots), cudaFree(dshared), cudaFree(dids), cudaFree(rw), cudaFree(act), cudaFree(ysh);
 }
 
+// A chain of S dependent steps y_i = W_i rmsnorm(y_{i-1}) (FP8 [4096, 4096],
+// S copies: ~16.8 MB each, together ~10x the L2), timed per step from CUDA
+// graph replays: as S gemv_mma_normed launches (programmatic dependents, as
+// in the decode step), as one gemv_chain launch, the same without its waits
+// (the streaming alone), and a plain read of each step's bytes.
+void bench_chain() {
+  const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
+  constexpr int S = 32;
+  const int64_t N = kChainWidth;
+  if (!gemv_chain_supported()) {
+    std::fprintf(stderr, "aff-bench-gemv: gemv_chain does not fit one block per SM here\n");
+    std::exit(1);
+  }
+  Copies c(fp8, N, N, S);
+  for (const DeviceLinear& w : c.w) CK(cudaMemset(const_cast<uint8_t*>(w.scale), 127, size_t((N / 128) * (N / 128))));
+  DeviceLinear* dw = nullptr;
+  CK(cudaMalloc(&dw, sizeof(DeviceLinear) * S));
+  CK(cudaMemcpy(dw, c.w.data(), sizeof(DeviceLinear) * S, cudaMemcpyHostToDevice));
+  std::vector<float> xh(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) xh[size_t(i)] = float((i * 7919) % 101) / 50.0f - 1.0f;
+  float* x0 = device_floats(size_t(N), 0.0f);
+  CK(cudaMemcpy(x0, xh.data(), size_t(N) * 4, cudaMemcpyHostToDevice));
+  float* norm = device_floats(size_t(N), 1.0f);
+  float* ys_l = device_floats(size_t(S * N), 0.0f);
+  float* ys_c = device_floats(size_t(S * N), 0.0f);
+  unsigned long long* ll = nullptr;
+  CK(cudaMalloc(&ll, sizeof(unsigned long long) * S * N));
+  uint32_t* sink = nullptr;
+  CK(cudaMalloc(&sink, 4));
+  const double bytes = double(c.bytes_each);
+  auto launches = [&](int i, cudaStream_t s) {
+    ok(gemv_mma_normed(c.w[size_t(i)], i == 0 ? x0 : ys_l + (i - 1) * N, 1, ys_l + i * N, norm, 1e-6f, s));
+  };
+  ChainArgs a;
+  a.w = dw, a.steps = S, a.x0 = x0, a.ys = ys_c, a.ll = ll, a.eps = 1e-6f;
+  ChainArgs free_run = a, stream_only = a;
+  free_run.timing_mode = 1, stream_only.timing_mode = 2;
+  const double us_probe = graph_us_per_item(S, [&](int i, cudaStream_t s) {
+    ok(hbm_read_probe(c.w[size_t(i)].weight, int64_t(N * N), sink, s));
+  });
+  const double us_launch = graph_us_per_item(S, launches);
+  const double us_chain = graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(a, s)); }) / S;
+  const double us_free = graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(free_run, s)); }) / S;
+  const double us_stream = graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(stream_only, s)); }) / S;
+  // The dependent chain once more, then both outputs compared (the same function).
+  ok(gemv_chain(a, nullptr));
+  CK(cudaDeviceSynchronize());
+  std::vector<float> yl(size_t(S * N)), yc(size_t(S * N));
+  CK(cudaMemcpy(yl.data(), ys_l, yl.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(yc.data(), ys_c, yc.size() * 4, cudaMemcpyDeviceToHost));
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < yl.size(); ++i) num += double(yl[i] - yc[i]) * (yl[i] - yc[i]), den += double(yl[i]) * yl[i];
+  const std::string shape = "4096->4096 x" + std::to_string(S);
+  row("read probe (per step)", shape, fp8.name, 1, bytes, us_probe);
+  row("gemv_mma_normed launches", shape, fp8.name, 1, bytes, us_launch);
+  row("gemv_chain (persistent)", shape, fp8.name, 1, bytes, us_chain);
+  row("gemv_chain, no waits", shape, fp8.name, 1, bytes, us_free);
+  row("gemv_chain, streaming only", shape, fp8.name, 1, bytes, us_stream);
+  for (const auto& [prec, name] : {std::pair{ChainPrecision::kExact, "exact"}, std::pair{ChainPrecision::kF16, "f16"},
+                                   std::pair{ChainPrecision::kE4M3, "e4m3"}}) {
+    for (bool gate : {false, true}) {
+      ChainArgs r = a, rf = free_run;
+      r.precision = rf.precision = prec;
+      r.gate_copies = rf.gate_copies = gate;
+      const std::string tag = std::string(", ") + name + (gate ? ", gated copies" : "");
+      row("gemv_chain" + tag, shape, fp8.name, 1, bytes,
+          graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(r, s)); }) / S);
+      row("gemv_chain, no waits" + tag, shape, fp8.name, 1, bytes,
+          graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(rf, s)); }) / S);
+    }
+  }
+  for (int ring : {4, 5, 6, 8, 10}) {  // fewer ring slots in flight per SM
+    ChainArgs r = a, rf = free_run, rs = stream_only;
+    r.ring_stages = rf.ring_stages = rs.ring_stages = ring;
+    const std::string tag = ", ring " + std::to_string(ring);
+    row("gemv_chain" + tag, shape, fp8.name, 1, bytes,
+        graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(r, s)); }) / S);
+    row("gemv_chain, no waits" + tag, shape, fp8.name, 1, bytes,
+        graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(rf, s)); }) / S);
+    row("gemv_chain, streaming" + tag, shape, fp8.name, 1, bytes,
+        graph_us_per_item(1, [&](int, cudaStream_t s) { ok(gemv_chain(rs, s)); }) / S);
+  }
+  // Where a step goes: block 0's stamps (gemv_chain.h), median phase lengths
+  // over the steps after the first, in the dependent chain and without waits.
+  unsigned long long* st = nullptr;
+  CK(cudaMalloc(&st, sizeof(unsigned long long) * (S * 8 + 2)));
+  const char* phase[7] = {"load x (waits included)", "stage x",          "tile 0 stages in",
+                          "tile 0 dots (warp 0)",    "tile 0 barrier",   "tile 0 reduce, write",
+                          "tile 1 (all of it)"};
+  ChainArgs a_f16 = a, a_e4m3 = a, a_gate = a;
+  a_f16.precision = ChainPrecision::kF16, a_e4m3.precision = ChainPrecision::kE4M3, a_gate.gate_copies = true;
+  for (const ChainArgs* base : {&a, &free_run, &a_f16, &a_e4m3, &a_gate}) {
+    ChainArgs t = *base;
+    t.stamps = st;
+    ok(gemv_chain(t, nullptr));
+    ok(gemv_chain(t, nullptr));  // the second run's stamps (warm)
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> h(size_t(S) * 8 + 2);
+    CK(cudaMemcpy(h.data(), st, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    std::printf("\nblock 0's step phases, %s (median us over steps 1..%d):\n",
+                base == &a        ? "dependent chain"
+                : base == &a_f16  ? "dependent chain, f16"
+                : base == &a_e4m3 ? "dependent chain, e4m3"
+                : base == &a_gate ? "dependent chain, gated copies"
+                                  : "no waits",
+                S - 1);
+    std::vector<double> total;
+    for (int p = 0; p < 8; ++p) {
+      std::vector<double> d;
+      for (int i = 1; i < S; ++i) {
+        const unsigned long long* r = h.data() + size_t(i) * 8;
+        d.push_back(p < 7 ? double(r[p + 1] - r[p]) * 1e-3 : double(r[0] - r[-8]) * 1e-3);
+      }
+      std::sort(d.begin(), d.end());
+      std::printf("  %-26s %6.2f\n", p < 7 ? phase[p] : "step start to step start", d[d.size() / 2]);
+    }
+    std::printf("  SM clock over the run: %.0f MHz\n",
+                double(h[size_t(S) * 8 + 1] - h[size_t(S) * 8]) / double(h[size_t(S - 1) * 8 + 7] - h[0]) * 1e3);
+  }
+  cudaFree(st);
+  std::printf("\nper step: launches %.2f us, chain %.2f us, chain without waits %.2f us, streaming only %.2f us,"
+              " bytes at %.2f TB/s %.2f us; outputs rel rms %.2e\n",
+              us_launch, us_chain, us_free, us_stream, kHbmBytesPerS / 1e12, bytes / kHbmBytesPerS * 1e6,
+              std::sqrt(num / std::max(den, 1e-300)));
+  cudaFree(dw), cudaFree(x0), cudaFree(norm), cudaFree(ys_l), cudaFree(ys_c), cudaFree(ll), cudaFree(sink);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool floors = argc > 1 && std::strcmp(argv[1], "--floors") == 0;
   const bool moe_parts = argc > 1 && std::strcmp(argv[1], "--moe-parts") == 0;
+  const bool chain = argc > 1 && std::strcmp(argv[1], "--chain") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; median of %d batches; ceiling %.2f TB/s\n\n", prop.name, prop.multiProcessorCount,
@@ -485,6 +620,10 @@ int main(int argc, char** argv) {
   const Fmt mxfp4{"MXFP4", DevFormat::kMXFP4, GgmlType::kF32};
   if (moe_parts) {
     bench_moe_parts(x, y);
+    return 0;
+  }
+  if (chain) {
+    bench_chain();
     return 0;
   }
   if (floors) {  // the decode step's FP8 and split Q8_0 projections against the plain read of their bytes

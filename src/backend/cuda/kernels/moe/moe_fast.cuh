@@ -356,12 +356,35 @@ __device__ __forceinline__ void fp8_step(const uint4& ra, const uint4& rb, const
   }
 }
 
+// One 64-column group of an activation row as f16 scaled by a power of two
+// (the group's max lands in [2^13, 2^14): no overflow, no rounding from the
+// scaling): hi = rn(x * 2^e), lo = rn(x * 2^e - hi) when kExact, inv = 2^-e.
+// A warp per group: v = the lane's two columns 2 lane, 2 lane + 1; hi / lo
+// point at the group's 64 f16.
+template <bool kExact>
+__device__ __forceinline__ void stage_f16_group(float2 v, __half* hi, __half* lo, float* inv) {
+  const int lane = threadIdx.x & 31;
+  float m = fmaxf(fabsf(v.x), fabsf(v.y));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  int e = 0;
+  if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
+  e = max(e, -100);                              // keeps 2^(14 - e) finite
+  const float up = ldexpf(1.0f, 14 - e);
+  const float s0 = v.x * up, s1 = v.y * up;
+  const __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
+  reinterpret_cast<uint32_t*>(hi)[lane] = uint32_t(__half_as_ushort(h0)) | (uint32_t(__half_as_ushort(h1)) << 16);
+  if constexpr (kExact) {
+    const __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
+    reinterpret_cast<uint32_t*>(lo)[lane] = uint32_t(__half_as_ushort(l0)) | (uint32_t(__half_as_ushort(l1)) << 16);
+  }
+  if (lane == 0) *inv = ldexpf(1.0f, e - 14);
+}
+
 // Block-cooperative: tokens [0, nt) of x (row t at x + t * ldx, n floats, n a
-// multiple of 64) as f16 scaled by a power of two per 64 columns (the group's
-// max lands in [2^13, 2^14): no overflow, no rounding from the scaling):
-// hi = rn(x * 2^e), lo = rn(x * 2^e - hi) when kExact. Row t of hi/lo starts
-// at t * ld f16; inv[t * (n / 64) + g] = 2^-e. A warp per group, two columns
-// per lane: coalesced reads, conflict-free shared stores.
+// multiple of 64) staged group by group (stage_f16_group). Row t of hi/lo
+// starts at t * ld f16; inv[t * (n / 64) + g] = 2^-e. A warp per group, two
+// columns per lane: coalesced reads, conflict-free shared stores.
 template <bool kExact>
 __device__ __forceinline__ void stage_f16_pairs(const float* __restrict__ x, int64_t ldx, int nt, int n, __half* hi,
                                                 __half* lo, int ld, float* inv) {
@@ -369,23 +392,7 @@ __device__ __forceinline__ void stage_f16_pairs(const float* __restrict__ x, int
   for (int gi = threadIdx.x >> 5; gi < nt * groups; gi += blockDim.x >> 5) {
     const int t = gi / groups, g = gi % groups;
     const float2 v = reinterpret_cast<const float2*>(x + t * ldx + g * 64)[lane];
-    float m = fmaxf(fabsf(v.x), fabsf(v.y));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    int e = 0;
-    if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
-    e = max(e, -100);                              // keeps 2^(14 - e) finite
-    const float up = ldexpf(1.0f, 14 - e);
-    const float s0 = v.x * up, s1 = v.y * up;
-    const __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
-    reinterpret_cast<uint32_t*>(hi + t * ld + g * 64)[lane] =
-        uint32_t(__half_as_ushort(h0)) | (uint32_t(__half_as_ushort(h1)) << 16);
-    if constexpr (kExact) {
-      const __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
-      reinterpret_cast<uint32_t*>(lo + t * ld + g * 64)[lane] =
-          uint32_t(__half_as_ushort(l0)) | (uint32_t(__half_as_ushort(l1)) << 16);
-    }
-    if (lane == 0) inv[t * groups + g] = ldexpf(1.0f, e - 14);
+    stage_f16_group<kExact>(v, hi + t * ld + g * 64, lo + t * ld + g * 64, inv + t * groups + g);
   }
 }
 
