@@ -108,12 +108,7 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a
 // 128. v: the lane's two columns 2 lane, 2 lane + 1; q: the group's 64 bytes.
 __device__ __forceinline__ void stage_e4m3_group(float2 v, uint8_t* q, float* inv) {
   const int lane = threadIdx.x & 31;
-  float m = fmaxf(fabsf(v.x), fabsf(v.y));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  int e = 0;
-  if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
-  e = max(e, -100);
+  const int e = moe_fast::group_max_exponent(v);
   const float up = ldexpf(1.0f, 8 - e);
   const __nv_fp8x2_storage_t p = __nv_cvt_float2_to_fp8x2(make_float2(v.x * up, v.y * up), __NV_SATFINITE, __NV_E4M3);
   reinterpret_cast<uint16_t*>(q)[lane] = uint16_t(p);

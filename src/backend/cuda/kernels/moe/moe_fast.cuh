@@ -361,15 +361,22 @@ __device__ __forceinline__ void fp8_step(const uint4& ra, const uint4& rb, const
 // scaling): hi = rn(x * 2^e), lo = rn(x * 2^e - hi) when kExact, inv = 2^-e.
 // A warp per group: v = the lane's two columns 2 lane, 2 lane + 1; hi / lo
 // point at the group's 64 f16.
-template <bool kExact>
-__device__ __forceinline__ void stage_f16_group(float2 v, __half* hi, __half* lo, float* inv) {
-  const int lane = threadIdx.x & 31;
+// The exponent e of the largest |value| of a warp's 64-column group (each lane
+// holding two in v): max = f 2^e, f in [0.5, 1); at least -100, so that
+// scaling by 2^(p - e) stays finite; 0 for an all-zero group.
+__device__ __forceinline__ int group_max_exponent(float2 v) {
   float m = fmaxf(fabsf(v.x), fabsf(v.y));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   int e = 0;
-  if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
-  e = max(e, -100);                              // keeps 2^(14 - e) finite
+  if (m > 0.0f && m <= 3.0e38f) frexpf(m, &e);
+  return max(e, -100);
+}
+
+template <bool kExact>
+__device__ __forceinline__ void stage_f16_group(float2 v, __half* hi, __half* lo, float* inv) {
+  const int lane = threadIdx.x & 31;
+  const int e = group_max_exponent(v);
   const float up = ldexpf(1.0f, 14 - e);
   const float s0 = v.x * up, s1 = v.y * up;
   const __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
