@@ -95,31 +95,40 @@ TEST(GemvChain, MatchesHostProductsAndLaunches) {
   ChainArgs a;
   a.w = dlin->as<DeviceLinear>(), a.steps = kSteps, a.x0 = dx->as<float>(), a.ys = dys->as<float>();
   a.ll = dll->as<unsigned long long>(), a.eps = kEps;
-  ASSERT_TRUE(gemv_chain(a, nullptr).is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto got = download_vector(a.ys, size_t(kSteps * N), "ys");
-  ASSERT_TRUE(got.is_ok());
+  // One chain to its end, and its outputs.
+  auto run = [&](const ChainArgs& r) -> Result<std::vector<float>> {
+    AFF_RETURN_IF_ERROR(gemv_chain(r, nullptr));
+    if (cudaDeviceSynchronize() != cudaSuccess) return internal_error("gemv_chain did not finish");
+    return download_vector(r.ys, size_t(kSteps * N), "ys");
+  };
+  auto got = run(a);
+  ASSERT_TRUE(got.is_ok()) << got.status().message();
   for (float v : *got) ASSERT_TRUE(std::isfinite(v));
+  // Each step's outputs against the double product of its own input (x0, then
+  // the previous step's outputs as the GPU wrote them): the relative RMS per step.
+  auto step_errors = [&](const std::vector<float>& ys) {
+    std::vector<double> e(kSteps);
+    for (int i = 0; i < kSteps; ++i) {
+      const float* x = i == 0 ? x0.data() : ys.data() + size_t(i - 1) * N;
+      e[size_t(i)] = rel_rms(ys.data() + size_t(i) * N, host_step(host[size_t(i)], x));
+    }
+    return e;
+  };
+  const std::vector<double> exact_err = step_errors(*got);
   for (int i = 0; i < kSteps; ++i) {
-    const float* x = i == 0 ? x0.data() : got->data() + size_t(i - 1) * N;
-    const double e = rel_rms(got->data() + size_t(i) * N, host_step(host[size_t(i)], x));
-    std::printf("[gemv-chain] step %d vs host: rel rms %.3e\n", i, e);
-    EXPECT_LT(e, 2e-6) << "step " << i;  // f32 sums of 4096 terms against double
+    std::printf("[gemv-chain] step %d vs host: rel rms %.3e\n", i, exact_err[size_t(i)]);
+    EXPECT_LT(exact_err[size_t(i)], 2e-6) << "step " << i;  // f32 sums of 4096 terms against double
   }
 
   // Again: the same bits (every sum in a fixed order).
-  ASSERT_TRUE(gemv_chain(a, nullptr).is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto again = download_vector(a.ys, size_t(kSteps * N), "ys");
-  ASSERT_TRUE(again.is_ok());
+  auto again = run(a);
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
   EXPECT_EQ(*again, *got);
   // With the producer's copies gated on the consumers' loads: the same bits.
   ChainArgs gated = a;
   gated.gate_copies = true;
-  ASSERT_TRUE(gemv_chain(gated, nullptr).is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto gated_out = download_vector(a.ys, size_t(kSteps * N), "ys");
-  ASSERT_TRUE(gated_out.is_ok());
+  auto gated_out = run(gated);
+  ASSERT_TRUE(gated_out.is_ok()) << gated_out.status().message();
   EXPECT_EQ(*gated_out, *got);
 
   // The same chain as launches of the normed tensor-core GEMV (exact setting).
@@ -148,13 +157,11 @@ TEST(GemvChain, MatchesHostProductsAndLaunches) {
                                           std::tuple{ChainPrecision::kE4M3, "e4m3", 0x1p-4}}) {
     ChainArgs r = a;
     r.precision = prec;
-    ASSERT_TRUE(gemv_chain(r, nullptr).is_ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    auto out = download_vector(r.ys, size_t(kSteps * N), "ys");
-    ASSERT_TRUE(out.is_ok());
+    auto out = run(r);
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    const std::vector<double> err = step_errors(*out);
     for (int i = 0; i < kSteps; ++i) {
-      const float* x = i == 0 ? x0.data() : out->data() + size_t(i - 1) * N;
-      const double er = rel_rms(out->data() + size_t(i) * N, host_step(host[size_t(i)], x));
+      const double er = err[size_t(i)];
       std::printf("[gemv-chain] %s step %d vs host: rel rms %.3e (bound %.1e)\n", name, i, er, bound);
       EXPECT_LT(er, bound) << name << " step " << i;
       EXPECT_GT(er, 1e-6) << name << " step " << i << ": no rounding seen, so the exact form ran";

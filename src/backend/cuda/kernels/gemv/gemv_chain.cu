@@ -54,13 +54,15 @@ constexpr int kTileRows = 16;                                   // the MMA's M
 constexpr int kStageRows = 4;                                   // whole rows per stage
 constexpr int kStageBytes = kStageRows * kWidth;                // 16 KB
 constexpr int kStagesPerTile = kTileRows / kStageRows;          // 4
-constexpr int kStepsPerWarp = kWidth / 64 / 16;                 // a tile's 64-column steps per compute warp
 constexpr int kTilesPerStep = kWidth / kTileRows;               // 256
 constexpr int kMaxTilesPerBlock = 2;                            // 256 tiles over >= 128 SMs
 constexpr int kRing = 12;                                       // stages: 195 KB
 constexpr int kXLd = kWidth + 8;                                // staged x row (f16), as gemv_mma pads
 constexpr int kGroups = kWidth / 64;                            // 64-column steps of a row
-static_assert(kStepsPerWarp * 16 == kComputeWarps * kStepsPerWarp, "16 compute warps");
+// Warp w takes the 64-column steps w, w + 16, ... of x (to stage it) and of
+// every tile (to multiply it).
+constexpr int kStepsPerWarp = kGroups / kComputeWarps;
+static_assert(kGroups % kComputeWarps == 0, "every compute warp takes as many column steps");
 static_assert(kRing >= kStagesPerTile, "a tile's stages resident at once");
 // Shared memory: barriers and sums, staged x (hi, lo, 2^-e per 64 columns), the ring.
 constexpr int kHeader = 2560;
@@ -83,13 +85,13 @@ __device__ __forceinline__ ulonglong2 ld_volatile_u64x2(const unsigned long long
   return v;
 }
 
-// The compute warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
 
+// The compute warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void compute_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kComputeWarps * 32) : "memory"); }
 
 // The FP8 tensor-core product D = A B + D, A 16 x 32 e4m3 (row), B 32 x 8
@@ -171,7 +173,6 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
   const int g = lane >> 2, c = lane & 3;
   int q = 0;  // stages consumed
   unsigned long long* stamps = b == 0 && threadIdx.x == 0 ? a.stamps : nullptr;
-  constexpr int kPerWarp = kGroups / kComputeWarps;  // 64-column groups of x a warp stages
   auto load_scales = [&](int step, float (&out)[kMaxTilesPerBlock][kStepsPerWarp]) {
     const DeviceLinear w = a.w[step];
 #pragma unroll
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
 #pragma unroll
       for (int j = 0; j < kStepsPerWarp; ++j)
         out[t][j] = t < my_tiles ? load_scale(w, int64_t((b + t * G) * kTileRows / 128) * w.scale_cols +
-                                                     (warp + 16 * j) / 2)
+                                                     (warp + kComputeWarps * j) / 2)
                                  : 0.0f;
   };
   float ws[kMaxTilesPerBlock][kStepsPerWarp];
@@ -200,10 +201,10 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
     // w + 16 i; a loop of load-then-stage would pay the loads' latency once per
     // group): x0, or the previous step's tagged outputs, loaded again until
     // every tag says they are written.
-    float2 v[kPerWarp];
+    float2 v[kStepsPerWarp];
     if (step == 0) {
 #pragma unroll
-      for (int i = 0; i < kPerWarp; ++i)
+      for (int i = 0; i < kStepsPerWarp; ++i)
         v[i] = __ldcg(reinterpret_cast<const float2*>(a.x0 + (warp + kComputeWarps * i) * 64) + lane);
     } else {
       const unsigned long long* src = a.ll + int64_t(step - 1) * kWidth;
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
       do {
         bool mine = true;
 #pragma unroll
-        for (int i = 0; i < kPerWarp; ++i) {
+        for (int i = 0; i < kStepsPerWarp; ++i) {
           const ulonglong2 e = ld_volatile_u64x2(src + (warp + kComputeWarps * i) * 64 + 2 * lane);
           mine = mine && unsigned(e.x >> 32) == unsigned(step) && unsigned(e.y >> 32) == unsigned(step);
           v[i] = make_float2(__uint_as_float(unsigned(e.x)), __uint_as_float(unsigned(e.y)));
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
     {
       float ss = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPerWarp; ++i) {
+      for (int i = 0; i < kStepsPerWarp; ++i) {
         const int grp = warp + kComputeWarps * i;
         if constexpr (P == ChainPrecision::kE4M3)
           stage_e4m3_group(v[i], reinterpret_cast<uint8_t*>(xh) + grp * 64, xinv + grp);
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
       float acc0 = 0.0f, acc1 = 0.0f;  // rows g and g + 8, valid in the lanes with c = g / 2
 #pragma unroll
       for (int j = 0; j < kStepsPerWarp; ++j) {
-        const int kb = warp + 16 * j;  // the 64-column step within the row
+        const int kb = warp + kComputeWarps * j;  // the 64-column step within the row
         const uint4 ra = *reinterpret_cast<const uint4*>(row_a + kb * 64);
         const uint4 rb = *reinterpret_cast<const uint4*>(row_b + kb * 64);
         float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -320,7 +321,6 @@ __global__ void __launch_bounds__(kThreads) gemv_chain_sm90(ChainArgs a) {
   }
 }
 
-
 using ChainKernel = void (*)(ChainArgs);
 
 ChainKernel chain_kernel(ChainPrecision p) {
@@ -333,18 +333,22 @@ ChainKernel chain_kernel(ChainPrecision p) {
 
 }  // namespace
 
+// Asked once: the answer is a property of the kernel and the device.
 bool gemv_chain_supported() {
-  for (ChainPrecision p : {ChainPrecision::kExact, ChainPrecision::kF16, ChainPrecision::kE4M3}) {
-    const ChainKernel k = chain_kernel(p);
-    if (!raise_smem_limit(reinterpret_cast<const void*>(k), kSmem).is_ok()) return false;
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kThreads, kSmem) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
+  static const bool supported = [] {
+    for (ChainPrecision p : {ChainPrecision::kExact, ChainPrecision::kF16, ChainPrecision::kE4M3}) {
+      const ChainKernel k = chain_kernel(p);
+      if (!raise_smem_limit(reinterpret_cast<const void*>(k), kSmem).is_ok()) return false;
+      int blocks = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kThreads, kSmem) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      if (blocks < 1) return false;
     }
-    if (blocks < 1) return false;
-  }
-  return true;
+    return true;
+  }();
+  return supported;
 }
 
 Status gemv_chain(const ChainArgs& args, cudaStream_t stream) {

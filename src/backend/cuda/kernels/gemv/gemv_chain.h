@@ -46,10 +46,10 @@ struct ChainArgs {
   // arithmetic, no outputs): what the streaming alone costs.
   int timing_mode = 0;
   // Ring slots in use (16 KB each), 4..12 (a tile's 4 stages are resident at
-  // once); 0: all 12. Bytes in flight per SM
-  // against the latency of the loads queued behind them (tuning).
+  // once); 0: all 12. Tuning: bytes in flight per SM against the latency of
+  // the loads queued behind them.
   int ring_stages = 0;
-  // Tuning: the producer issues a step's copies only once block's warp 0 has
+  // Tuning: the producer issues a step's copies only once the block's warp 0 has
   // loaded the previous step's x (a load issued behind copies returns after
   // them).
   bool gate_copies = false;

@@ -356,11 +356,6 @@ __device__ __forceinline__ void fp8_step(const uint4& ra, const uint4& rb, const
   }
 }
 
-// One 64-column group of an activation row as f16 scaled by a power of two
-// (the group's max lands in [2^13, 2^14): no overflow, no rounding from the
-// scaling): hi = rn(x * 2^e), lo = rn(x * 2^e - hi) when kExact, inv = 2^-e.
-// A warp per group: v = the lane's two columns 2 lane, 2 lane + 1; hi / lo
-// point at the group's 64 f16.
 // The exponent e of the largest |value| of a warp's 64-column group (each lane
 // holding two in v): max = f 2^e, f in [0.5, 1); at least -100, so that
 // scaling by 2^(p - e) stays finite; 0 for an all-zero group.
@@ -373,6 +368,11 @@ __device__ __forceinline__ int group_max_exponent(float2 v) {
   return max(e, -100);
 }
 
+// One 64-column group of an activation row as f16 scaled by a power of two
+// (the group's max lands in [2^13, 2^14): no overflow, no rounding from the
+// scaling): hi = rn(x * 2^e), lo = rn(x * 2^e - hi) when kExact, inv = 2^-e.
+// A warp per group: v = the lane's two columns 2 lane, 2 lane + 1; hi / lo
+// point at the group's 64 f16.
 template <bool kExact>
 __device__ __forceinline__ void stage_f16_group(float2 v, __half* hi, __half* lo, float* inv) {
   const int lane = threadIdx.x & 31;
