@@ -15,7 +15,11 @@
 //                and as one persistent launch (gemv_chain.h) in each rounding of
 //                x, with and without its copies gated, ring sizes, and block 0's
 //                per-step phase times, against the plain read of the same bytes,
-//                replayed from CUDA graphs.
+//                replayed from CUDA graphs;
+//   --handoff    what a dependency between two steps that move almost no bytes
+//                costs: a launch per step (plain or programmatic dependent) against
+//                one persistent launch handing values over through memory
+//                (kernels/misc/handoff_probe.h), replayed from CUDA graphs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +34,7 @@
 #include "backend/cuda/kernels/common/ggml_tables.h"
 #include "backend/cuda/kernels/gemv/gemv.h"
 #include "backend/cuda/kernels/gemv/gemv_chain.h"
+#include "backend/cuda/kernels/misc/handoff_probe.h"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/moe/moe.h"
 #include "backend/cuda/runtime/device_weights.h"
@@ -478,6 +483,52 @@ void bench_moe_parts(float* x, float* out) {
 // graph replays: as S gemv_mma_normed launches (programmatic dependents, as
 // in the decode step), as one gemv_chain launch, the same without its waits
 // (the streaming alone), and a plain read of each step's bytes.
+// The hand-over probe: S dependent steps as launches and as one persistent
+// launch, microseconds per step, and the last step's outputs compared (the
+// same sums in the same order: equal bits).
+void bench_handoff() {
+  constexpr int S = 64;
+  constexpr int64_t W = kHandoffWidth;
+  std::vector<float> h0(static_cast<size_t>(W));
+  for (int64_t i = 0; i < W; ++i) h0[size_t(i)] = float((i * 37) % 101) / 101.0f;
+  float* bufs[3] = {};
+  for (float*& b : bufs) b = device_floats(size_t(S + 1) * W, 0.0f);
+  for (float* b : bufs) CK(cudaMemcpy(b, h0.data(), size_t(W) * 4, cudaMemcpyHostToDevice));
+  unsigned long long* tagged = nullptr;
+  unsigned* counters = nullptr;
+  CK(cudaMalloc(&tagged, size_t(S) * W * 8));
+  CK(cudaMalloc(&counters, size_t(S) * 4));
+  auto launches = [&](bool pdl) {
+    return graph_us_per_item(S, [&](int i, cudaStream_t s) { ok(handoff_step(bufs[0] + i * W, bufs[0] + (i + 1) * W, pdl, s)); });
+  };
+  HandoffChainArgs t;
+  t.steps = S, t.x0 = bufs[1], t.ys = bufs[1] + W, t.tagged = tagged;
+  HandoffChainArgs c = t;
+  c.x0 = bufs[2], c.ys = bufs[2] + W, c.tagged = nullptr, c.counters = counters;
+  const double us_plain = launches(false), us_pdl = launches(true);
+  const double us_tagged = graph_us_per_item(1, [&](int, cudaStream_t s) { ok(handoff_chain(t, s)); }) / S;
+  const double us_counter = graph_us_per_item(1, [&](int, cudaStream_t s) { ok(handoff_chain(c, s)); }) / S;
+  CK(cudaDeviceSynchronize());
+  std::vector<float> last[3];
+  for (int k = 0; k < 3; ++k) {
+    last[k].resize(size_t(W));
+    CK(cudaMemcpy(last[k].data(), bufs[k] + S * W, size_t(W) * 4, cudaMemcpyDeviceToHost));
+  }
+  const bool same = std::memcmp(last[0].data(), last[1].data(), size_t(W) * 4) == 0 &&
+                    std::memcmp(last[0].data(), last[2].data(), size_t(W) * 4) == 0;
+  std::printf("\n%d dependent steps of %d blocks (each reads all %lld values of the step before, writes its %d), "
+              "us per step, median of %d graph replays:\n",
+              S, kHandoffBlocks, static_cast<long long>(W), int(W / kHandoffBlocks), kReps);
+  std::printf("| form | us per step |\n|---|---|\n");
+  std::printf("| a launch per step | %.2f |\n| a launch per step, programmatic dependent | %.2f |\n", us_plain, us_pdl);
+  std::printf("| one persistent launch, tagged 64-bit words | %.2f |\n", us_tagged);
+  std::printf("| one persistent launch, a grid counter per step | %.2f |\n", us_counter);
+  std::printf("outputs of the four forms after %d steps: %s\n", S, same ? "equal bits" : "DIFFER");
+  for (float* b : bufs) cudaFree(b);
+  cudaFree(tagged), cudaFree(counters);
+  if (!same) std::exit(1);
+}
+
 void bench_chain() {
   const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
   constexpr int S = 32;
@@ -607,6 +658,7 @@ int main(int argc, char** argv) {
   const bool floors = argc > 1 && std::strcmp(argv[1], "--floors") == 0;
   const bool moe_parts = argc > 1 && std::strcmp(argv[1], "--moe-parts") == 0;
   const bool chain = argc > 1 && std::strcmp(argv[1], "--chain") == 0;
+  const bool handoff = argc > 1 && std::strcmp(argv[1], "--handoff") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; median of %d batches; ceiling %.2f TB/s\n\n", prop.name, prop.multiProcessorCount,
@@ -624,6 +676,10 @@ int main(int argc, char** argv) {
   }
   if (chain) {
     bench_chain();
+    return 0;
+  }
+  if (handoff) {
+    bench_handoff();
     return 0;
   }
   if (floors) {  // the decode step's FP8 and split Q8_0 projections against the plain read of their bytes
