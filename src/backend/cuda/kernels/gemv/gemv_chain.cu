@@ -38,6 +38,7 @@
 #include <string>
 
 #include "backend/cuda/kernels/common/decode.cuh"
+#include "backend/cuda/kernels/common/tagged_word.cuh"
 #include "backend/cuda/kernels/gemv/gemv_chain.h"
 #include "backend/cuda/kernels/moe/moe_fast.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -71,19 +72,6 @@ constexpr int kRingOff = kHeader + kXBytes;
 constexpr int kSmem = kRingOff + kRing * kStageBytes;
 static_assert(2 * kRing * 8 + (2 * kComputeWarps * kTileRows + 2 * kComputeWarps + 1) * 4 <= kHeader, "header overflow");
 static_assert(kSmem <= 227 * 1024, "shared memory");
-
-// A tagged output: value bits in the low word, step + 1 in the high word,
-// one single-copy-atomic 64-bit access (so a reader that sees the tag sees
-// the value: no fence, no counter between a step and the next).
-__device__ __forceinline__ void st_volatile_u64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ ulonglong2 ld_volatile_u64x2(const unsigned long long* p) {
-  ulonglong2 v;
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
-  return v;
-}
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;

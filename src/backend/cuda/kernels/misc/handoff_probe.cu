@@ -3,6 +3,7 @@
 // words), the block sums them, and threads 0..31 write the block's outputs.
 #include "backend/cuda/kernels/common/decode.cuh"
 #include "backend/cuda/kernels/common/grid_sync.cuh"
+#include "backend/cuda/kernels/common/tagged_word.cuh"
 #include "backend/cuda/kernels/misc/handoff_probe.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_info.h"
@@ -55,15 +56,6 @@ __global__ void __launch_bounds__(kThreads) handoff_step_kernel(const float* x, 
 #pragma unroll
   for (int j = 0; j < kPer; ++j) s += v[j];
   write_outputs(v, block_total(s, red), own_x, y);
-}
-
-__device__ __forceinline__ void st_volatile_u64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ ulonglong2 ld_volatile_u64x2(const unsigned long long* p) {
-  ulonglong2 r;
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(r.x), "=l"(r.y) : "l"(p) : "memory");
-  return r;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) handoff_chain_kernel(HandoffChainArgs a) {
