@@ -478,11 +478,6 @@ void bench_moe_parts(float* x, float* out) {
   cudaFree(dslots), cudaFree(dshared), cudaFree(dids), cudaFree(rw), cudaFree(act), cudaFree(ysh);
 }
 
-// A chain of S dependent steps y_i = W_i rmsnorm(y_{i-1}) (FP8 [4096, 4096],
-// S copies: ~16.8 MB each, together ~10x the L2), timed per step from CUDA
-// graph replays: as S gemv_mma_normed launches (programmatic dependents, as
-// in the decode step), as one gemv_chain launch, the same without its waits
-// (the streaming alone), and a plain read of each step's bytes.
 // The hand-over probe: S dependent steps as launches and as one persistent
 // launch, microseconds per step, and the last step's outputs compared (the
 // same sums in the same order: equal bits).
@@ -529,6 +524,11 @@ void bench_handoff() {
   if (!same) std::exit(1);
 }
 
+// A chain of S dependent steps y_i = W_i rmsnorm(y_{i-1}) (FP8 [4096, 4096],
+// S copies: ~16.8 MB each, together ~10x the L2), timed per step from CUDA
+// graph replays: as S gemv_mma_normed launches (programmatic dependents, as
+// in the decode step), as one gemv_chain launch, the same without its waits
+// (the streaming alone), and a plain read of each step's bytes.
 void bench_chain() {
   const Fmt fp8{"FP8", DevFormat::kFP8Block, GgmlType::kF32};
   constexpr int S = 32;

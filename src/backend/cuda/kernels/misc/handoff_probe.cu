@@ -29,9 +29,26 @@ __device__ float block_total(float v, float* red) {
   return s;
 }
 
-// Thread i holds x[16 i .. 16 i + 16); the block's outputs are x[32 b + j].
-__device__ void write_outputs(const float (&v)[kPer], float sum, float* own_x, float* y) {
-  // own_x: [kOwn] shared, the block's inputs at its output positions.
+// This thread's 16 values of x, x[16 i .. 16 i + 16), through L2 (another
+// block wrote them).
+__device__ __forceinline__ void load_own(const float* x, float (&v)[kPer]) {
+#pragma unroll
+  for (int q = 0; q < kPer / 4; ++q) {
+    const float4 f = __ldcg(reinterpret_cast<const float4*>(x + threadIdx.x * kPer) + q);
+    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+  }
+}
+
+// One step's outputs from this thread's inputs v (x[16 i .. 16 i + 16)):
+// y[d] = x[d] / 2 + sum(x) / 2^20 for the block's d = 32 b + j. Returns
+// output first + threadIdx.x to threads below kOwn (0 to the rest).
+// red: [kThreads / 32], own_x: [kOwn] shared (the block's inputs at its
+// output positions).
+__device__ float write_outputs(const float (&v)[kPer], float* red, float* own_x, float* y) {
+  float part = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) part += v[j];
+  const float sum = block_total(part, red);
   const int first = blockIdx.x * kOwn;  // inputs [first, first + 32) are held by threads first / 16, + 1
   const int i0 = int(threadIdx.x) * kPer;
   if (i0 >= first && i0 < first + kOwn) {
@@ -39,7 +56,10 @@ __device__ void write_outputs(const float (&v)[kPer], float sum, float* own_x, f
     for (int j = 0; j < kPer; ++j) own_x[i0 - first + j] = v[j];
   }
   __syncthreads();
-  if (threadIdx.x < kOwn) y[first + threadIdx.x] = 0.5f * own_x[threadIdx.x] + sum * (1.0f / 1048576.0f);
+  if (threadIdx.x >= kOwn) return 0.0f;
+  const float out = 0.5f * own_x[threadIdx.x] + sum * (1.0f / 1048576.0f);
+  y[first + threadIdx.x] = out;
+  return out;
 }
 
 __global__ void __launch_bounds__(kThreads) handoff_step_kernel(const float* x, float* y) {
@@ -47,15 +67,8 @@ __global__ void __launch_bounds__(kThreads) handoff_step_kernel(const float* x, 
   __shared__ float red[kThreads / 32];
   __shared__ float own_x[kOwn];
   float v[kPer];
-#pragma unroll
-  for (int q = 0; q < kPer / 4; ++q) {
-    const float4 f = __ldcg(reinterpret_cast<const float4*>(x + threadIdx.x * kPer) + q);
-    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-  }
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) s += v[j];
-  write_outputs(v, block_total(s, red), own_x, y);
+  load_own(x, v);
+  write_outputs(v, red, own_x, y);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) handoff_chain_kernel(HandoffChainArgs a) {
@@ -65,8 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1) handoff_chain_kernel(HandoffChain
   for (int i = 0; i < a.steps; ++i) {
     float v[kPer];
     if (i == 0) {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) v[j] = a.x0[threadIdx.x * kPer + j];
+      load_own(a.x0, v);
     } else if (a.tagged != nullptr) {  // load until every word carries step i's tag
       const unsigned long long* src = a.tagged + int64_t(i - 1) * kHandoffWidth + threadIdx.x * kPer;
       const unsigned want = unsigned(i);
@@ -82,21 +94,11 @@ __global__ void __launch_bounds__(kThreads, 1) handoff_chain_kernel(HandoffChain
       }
     } else {
       grid_wait(a.counters + (i - 1), unsigned(gridDim.x));
-      const float* src = a.ys + int64_t(i - 1) * kHandoffWidth + threadIdx.x * kPer;
-#pragma unroll
-      for (int q = 0; q < kPer / 4; ++q) {
-        const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + q);
-        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-      }
+      load_own(a.ys + int64_t(i - 1) * kHandoffWidth, v);
     }
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) s += v[j];
-    float* y = a.ys + int64_t(i) * kHandoffWidth;
-    write_outputs(v, block_total(s, red), own_x, y);
+    const float out = write_outputs(v, red, own_x, a.ys + int64_t(i) * kHandoffWidth);
     if (a.tagged != nullptr) {
       if (threadIdx.x < kOwn) {
-        const float out = y[first + threadIdx.x];  // this thread's own store, just made
         st_volatile_u64(a.tagged + int64_t(i) * kHandoffWidth + first + threadIdx.x,
                         (static_cast<unsigned long long>(i + 1) << 32) | __float_as_uint(out));
       }

@@ -19,12 +19,12 @@ namespace aff::cuda {
 constexpr int kHandoffWidth = 4096;
 constexpr int kHandoffBlocks = 128;
 
-// One step as a launch: y = step(x). x, y: [kHandoffWidth] device.
+// One step as a launch: y = step(x). x, y: [kHandoffWidth] device, x 16-byte aligned.
 Status handoff_step(const float* x, float* y, bool programmatic, cudaStream_t stream);
 
 struct HandoffChainArgs {
   int steps = 0;
-  const float* x0 = nullptr;            // [kHandoffWidth]
+  const float* x0 = nullptr;            // [kHandoffWidth], 16-byte aligned
   float* ys = nullptr;                  // [steps, kHandoffWidth]: step i's outputs at ys + i * kHandoffWidth
   // Tagged hand-over: [steps, kHandoffWidth] words (value bits low, step + 1
   // high), zeroed by handoff_chain; null: a grid counter per step instead.
