@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels/mhc/mhc.h"
 #include "backend/cuda/kernels/misc/misc.h"
 #include "backend/cuda/kernels/moe/moe.h"
+#include "backend/cuda/kernels/moe/site_router.h"
 #include "backend/cuda/kernels/norm/norm.h"
 #include "backend/cuda/kernels/rope/rope.h"
 #include "backend/cuda/linear.h"
@@ -46,6 +47,10 @@ struct Switches {
   // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
   bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
   bool iw_own = env_switch_on("AFF_CUDA_IW_OWN");  // the indexer's head weights on a stream of their own
+  // Opt-in (=1): the MoE site and the router's gate in one launch
+  // (site_router). Correct, but measured slower than the two launches
+  // (docs/BENCHMARKS.md).
+  bool site_router = env_opt_in("AFF_CUDA_SITE_ROUTER");
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -330,10 +335,11 @@ Status gpu_prefetch_join(GpuState& st) {
   return stream_after(st.stream.get(), st.ahead.get(), st.ahead_join);
 }
 
-Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
-                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer,
-                   const HcXRings& x_rings) {
-  if (defer != nullptr) *defer = HcCombJob{};
+namespace {
+
+// The fused site's arguments (gpu_hc_site), before any decode-only option.
+Result<HcFusedArgs> hc_site_args(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a,
+                                 int64_t first, int64_t T, bool head, const float* norm_weight, float* x) {
   const dsv4::ModelConfig& c = m.config;
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size;
@@ -357,12 +363,31 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   f.partials = st.ws.hc_partials.as<float>();
   f.tickets = st.ws.hc_tickets.as<unsigned>();
   f.step = st.step.as<StepInfo>();
+  return f;
+}
+
+// A decode site leaves its comb's Sinkhorn to a job (HcFusedArgs::defer_comb).
+void defer_comb(HcFusedArgs& f, HcCombJob* defer, float* copy) {
+  if (defer == nullptr || f.head || f.T > kHcSmallT || f.hc != 4 || !switches().comb_job) return;
+  f.defer_comb = true;
+  *defer = HcCombJob{f.comb, f.T, f.hc, f.sinkhorn_iters, f.hc_eps, copy};
+}
+
+}  // namespace
+
+Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
+                   int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer,
+                   const HcXRings& x_rings, const HcCopies& copies) {
+  if (defer != nullptr) *defer = HcCombJob{};
+  AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, w, st, h, a, first, T, head, norm_weight, x));
   f.x_ring[0] = x_rings.ring[0], f.x_ring[1] = x_rings.ring[1], f.x_ring_rows = x_rings.rows;
-  if (ablated("mhc")) return Status::ok();
-  if (defer != nullptr && !head && T <= kHcSmallT && hc == 4 && switches().comb_job) {
-    f.defer_comb = true;
-    *defer = HcCombJob{f.comb, T, hc, f.sinkhorn_iters, f.hc_eps};
+  if (copies.h != nullptr) {
+    if (T > kSiteRouterMaxT || T > kHcSmallT || f.hc != 4 || head || first != 0)
+      return internal_error("mHC: only a decode site keeps copies");
+    f.h_copy = copies.h, f.post_copy = copies.post, f.comb_copy = copies.comb;
   }
+  if (ablated("mhc")) return Status::ok();
+  defer_comb(f, defer, copies.comb);
   return hc_fused(f, st.stream.get());
 }
 
@@ -618,8 +643,53 @@ RouterArgs router_args(const DeviceModel& m, const DeviceMoe& w, const int32_t* 
 
 }  // namespace
 
+bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_routed) {
+  const dsv4::ModelConfig& c = m.config;
+  if (!switches().site_router || no_routed || ablated("mhc") || ablated("router") || profiling_enabled()) return false;
+  if (T < 1 || T > kSiteRouterMaxT || c.hc_mult != 4 || c.n_routed_experts < 1) return false;
+  const DeviceLayer& lw = m.layers[size_t(l)];
+  const DeviceLinear& gate = lw.ffn.gate;
+  if (linear_uses_gemm(gate, T)) return false;
+  HcFusedArgs s;  // the shape checks only
+  s.T = T, s.hc = 4, s.D = c.hidden_size, s.a = reinterpret_cast<const float*>(16);
+  s.x_norm = lw.ffn_norm, s.x_inv = reinterpret_cast<float*>(16);
+  switch (lw.hc_ffn.fn.format) {
+    case DevFormat::kF32: s.fn_dtype = 0; break;
+    case DevFormat::kBF16: s.fn_dtype = 1; break;
+    case DevFormat::kF16: s.fn_dtype = 2; break;
+    default: return false;
+  }
+  RouterArgs r;
+  r.T = T, r.E = c.n_routed_experts, r.k = c.n_experts_per_tok;
+  return site_router_supported(s, r, gate);
+}
+
+HcCopies gpu_site_copies(GpuState& st) {
+  return HcCopies{st.ws.h_copy.as<float>(), st.ws.post_copy.as<float>(), st.ws.comb_copy.as<float>()};
+}
+
+Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, const float* a, int64_t T,
+                          float* x, const int32_t* tokens) {
+  const DeviceLayer& lw = m.layers[size_t(l)];
+  AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, lw.hc_ffn, st, h, a, 0, T, false, lw.ffn_norm, x));
+  f.x_inv = st.ws.x_inv.as<float>();
+  SiteRouterArgs s;
+  // The deferred Sinkhorn runs inside the launch (the finishing block's spare warps).
+  defer_comb(f, &s.comb_job, nullptr);
+  s.site = f;
+  s.router = router_args(m, lw.ffn, tokens, T, st.ws);
+  s.gate = lw.ffn.gate.weight, s.gate_bf16 = lw.ffn.gate.format == DevFormat::kBF16;
+  const HcCopies cp = gpu_site_copies(st);
+  s.h_prev = cp.h, s.post_prev = cp.post, s.comb_prev = cp.comb;
+  s.parts = st.ws.gate_parts.as<float>(), s.ticket = st.ws.site_router_ticket.as<unsigned>();
+  if (!site_router_supported(f, s.router, lw.ffn.gate)) return internal_error("site_router: unsupported shape");
+  AFF_RETURN_IF_ERROR(site_router(s, st.stream.get()));
+  prof_mark(st.stream.get(), "mhc");
+  return Status::ok();
+}
+
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
-               bool no_routed, float* out, const HcCombJob& job) {
+               bool no_routed, float* out, const HcCombJob& job, bool routes_ready) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceMoe& w = m.layers[size_t(l)].ffn;
   Workspace& ws = st.ws;
@@ -646,7 +716,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   const bool decode = T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
                       moe_decode_act_bytes(d) <= int64_t(ws.act.bytes());
   // Decode of one token: router, shared expert and routed experts in one launch.
-  if (!no_routed && T == 1 && decode && switches().moe_fused && !profiling_enabled() && w.has_shared &&
+  if (!routes_ready && !no_routed && T == 1 && decode && switches().moe_fused && !profiling_enabled() && w.has_shared &&
       !ablated("router") && !ablated("moe_up") && !ablated("moe_down") && !ablated("shared")) {
     RouterArgs r = router_args(m, w, tokens, T, ws);
     MoeDecodeArgs f = d;
@@ -690,7 +760,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     }
   }
   bool job_done = false;  // the previous mHC site's deferred comb: beside the router, or on its own
-  if (!no_routed && !ablated("router")) {
+  if (!routes_ready && !no_routed && !ablated("router")) {
     RouterArgs r = router_args(m, w, tokens, T, ws);
     // Decode: gate and top-k in one launch.
     if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {

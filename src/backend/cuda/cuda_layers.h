@@ -57,9 +57,29 @@ HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_
 // the next launch; *defer is then that job (else empty), and the caller must
 // hand it to gpu_attention / gpu_moe, which run it before anything reads comb.
 // x_rings: rings the site also writes x to (gpu_attention_x_rings; decode).
+// copies: what the site keeps for a gpu_hc_site_router after it (decode).
+struct HcCopies {
+  float* h = nullptr;     // [T, hc, D] the site's output streams
+  float* post = nullptr;  // [T, hc]
+  float* comb = nullptr;  // [T, hc, hc] (a deferred comb: through the job)
+};
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
                    int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer = nullptr,
-                   const HcXRings& x_rings = {});
+                   const HcXRings& x_rings = {}, const HcCopies& copies = {});
+
+// Whether layer l's MoE site and router run as one launch (gpu_hc_site_router)
+// for a chunk of T tokens; the layer's first site must then keep its copies
+// (gpu_site_copies) for it. Decode sizes, top-k or hash routing, BF16 / F32 gate.
+bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_routed);
+HcCopies gpu_site_copies(GpuState& st);
+
+// The layer's second mHC site (gpu_hc_site with a = the attention's output,
+// norm_weight = ffn_norm) and the MoE router in one launch
+// (kernels/moe/site_router.h): leaves the routes in st.ws for gpu_moe(...,
+// routes_ready = true). tokens: [T] device ids (hash routing). The site's
+// comb is finished inside the launch (no job for the next one).
+Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, const float* a, int64_t T,
+                          float* x, const int32_t* tokens);
 
 // Attention of layer l over x: [T, D] (after attn_norm) at positions
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
@@ -71,9 +91,11 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
 
 // MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
 // device ids (hash routing). no_routed: shared expert only.
-// job: the previous site's deferred comb, run beside the router.
+// job: the previous site's deferred comb, run beside the router (or on its
+// own). routes_ready: the routes are already in st.ws (gpu_hc_site_router),
+// no router launch.
 Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens, const float* x, int64_t T,
-               bool no_routed, float* out, const HcCombJob& job = {});
+               bool no_routed, float* out, const HcCombJob& job = {}, bool routes_ready = false);
 
 // Decode-sized chunks, at the start of layer l: asks L2 for the query path's
 // weights (wq_a, wkv, wq_b) on st.ahead while the mHC site, which reads

@@ -3,6 +3,7 @@
 #include "backend/cuda/kernels/compressor/compressor.h"
 #include "backend/cuda/kernels/indexer/indexer.h"
 #include "backend/cuda/kernels/mhc/mhc.h"
+#include "backend/cuda/kernels/moe/site_router.h"
 #include "backend/cuda/runtime/step_info.h"
 
 #include <cuda.h>  // driver API types only: the functions come from cudaGetDriverEntryPointByVersion
@@ -312,6 +313,15 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.router_ticket.data(), 0, w.router_ticket.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.moe_sync, 3, 4, "workspace"));
   AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(w.moe_sync.data(), 0, w.moe_sync.bytes()), "cudaMemset"));
+  AFF_RETURN_IF_ERROR(alloc(w.h_copy, kSiteRouterMaxT * hc * D, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.post_copy, kSiteRouterMaxT * hc, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.comb_copy, kSiteRouterMaxT * hc * hc, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.x_inv, kSiteRouterMaxT, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(
+      alloc(w.gate_parts, kSiteRouterMaxT * kSiteRouterCols * std::max(c.n_routed_experts, 1), 4, "workspace"));
+  AFF_RETURN_IF_ERROR(alloc(w.site_router_ticket, 1, 4, "workspace"));
+  AFF_RETURN_IF_ERROR(
+      cuda_status(cudaMemset(w.site_router_ticket.data(), 0, w.site_router_ticket.bytes()), "cudaMemset"));
   AFF_RETURN_IF_ERROR(alloc(w.qr, T * c.q_lora_rank, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));

@@ -100,6 +100,13 @@ struct Workspace {
   DeviceBuffer router_logits;           // [T, E]
   DeviceBuffer router_ticket;           // u32 [1], zero between launches (router_gate_topk)
   DeviceBuffer moe_sync;                // u32 [3], zero between launches (moe_fused's barriers)
+  // The second mHC site with the router's gate beside it (kernels/moe/site_router.h),
+  // for chunks of at most kSiteRouterMaxT tokens:
+  DeviceBuffer h_copy;                  // [kSiteRouterMaxT, hc, D] the first site's output streams
+  DeviceBuffer post_copy, comb_copy;    // [kSiteRouterMaxT, hc], [.., hc, hc] the first site's post / comb
+  DeviceBuffer x_inv;                   // [kSiteRouterMaxT] the second site's inverse rms of x
+  DeviceBuffer gate_parts;              // [kSiteRouterMaxT, kSiteRouterCols, E] the gate's partial sums
+  DeviceBuffer site_router_ticket;      // u32 [1], zero between launches
   DeviceBuffer route_ids;               // i32 [T, k]
   DeviceBuffer route_w;                 // [T, k]
   DeviceBuffer pair_w2;                 // pointers [T, k]: each routed pair's w2 (MoeDecodeArgs::pair_w2)

@@ -61,6 +61,17 @@ struct HcFusedArgs {
   const StepInfo* step = nullptr;
   float* x_ring[2] = {nullptr, nullptr};
   int x_ring_rows = 0;
+  // Decode only, each optional. The site whose successor's router gate runs
+  // beside that successor (moe/site_router.h) keeps copies of what it hands
+  // on, which the successor overwrites in place while the gate still reads
+  // them: the expanded streams (h_copy [T, hc, D]), post (post_copy [T, hc])
+  // and comb (comb_copy [T, hc, hc]; a deferred comb reaches it through
+  // HcCombJob::copy). x_inv [T]: the inverse rms of x's norm (the factor by
+  // which the collapse is scaled before x_norm), for the gate's partial sums.
+  float* h_copy = nullptr;
+  float* post_copy = nullptr;
+  float* comb_copy = nullptr;
+  float* x_inv = nullptr;
 };
 
 // The Sinkhorn of a decode site whose comb was deferred (HcFusedArgs::
@@ -74,6 +85,7 @@ struct HcCombJob {
   int64_t T = 0;
   int hc = 0, iters = 0;
   float eps = 0.0f;
+  float* copy = nullptr;  // optional second home of the result (HcFusedArgs::comb_copy)
 };
 Status hc_comb_run(const HcCombJob& j, cudaStream_t stream);
 

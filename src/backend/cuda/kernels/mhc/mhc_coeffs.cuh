@@ -113,6 +113,7 @@ __device__ inline void hc_comb_job_run(const HcCombJob& job) {
     float* cm = job.comb + t * n;
     const float c = hc_sinkhorn_lane(lane < n ? cm[lane] : 0.0f, job.hc, job.iters, job.eps);
     if (lane < n) cm[lane] = c;
+    if (job.copy != nullptr && lane < n) job.copy[t * n + lane] = c;
   }
 }
 

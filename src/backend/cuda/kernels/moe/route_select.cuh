@@ -25,11 +25,11 @@ __device__ __forceinline__ float route_score(ScoreFunc f, float x) {
   return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
 }
 
-// Slice `slice` (of kGateSplit) of gate row `row` ([D] values, BF16 when kBf16,
+// Slice `slice` (of kSplit) of gate row `row` ([D] values, BF16 when kBf16,
 // else F32): prefetch() issues the first batch of weight loads (weights only,
 // so before the wait for x), dot() finishes the slice against x [T, D] and
 // leaves each token's warp-summed partial in every lane's acc[t].
-template <bool kBf16>
+template <bool kBf16, int kSplit = kGateSplit>
 struct GateSlice {
   static constexpr int kPer = kBf16 ? 8 : 4;  // values per 16-byte load
   const uint8_t* row = nullptr;
@@ -39,7 +39,7 @@ struct GateSlice {
 
   __device__ GateSlice(const uint8_t* gate, int64_t D, int e, bool row_ok, int slice) : ok(row_ok) {
     const int64_t n16 = D / kPer;
-    c_begin = n16 * slice / kGateSplit, c_end = n16 * (slice + 1) / kGateSplit;
+    c_begin = n16 * slice / kSplit, c_end = n16 * (slice + 1) / kSplit;
     row = gate + (row_ok ? int64_t(e) : 0) * D * (kBf16 ? 2 : 4);
   }
 
@@ -89,6 +89,68 @@ struct GateSlice {
     for (int t = 0; t < kGateMaxT; ++t) {
       if (t >= T) break;
       acc[t] = warp_sum(acc[t]);
+    }
+  }
+
+  // The slice against the five vectors the second mHC site's x is made of
+  // (moe/site_router.h), for each of T <= kMaxT tokens: column 5t is the
+  // sublayer output a[t], column 5t + 1 + j the previous site's stream j,
+  // each scaled by the ffn norm's weight g first. Every lane ends with the
+  // warp's sums in acc.
+  //   a: [T, D]; hs: [T, 4, D]; g: [D]; acc: [5 * kMaxT].
+  template <int kMaxT>
+  __device__ void dot_streams(const float* a, const float* hs, const float* g, int64_t D, int T, int lane,
+                              float (&acc)[5 * kMaxT]) {
+#pragma unroll
+    for (int i = 0; i < 5 * kMaxT; ++i) acc[i] = 0.0f;
+    for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
+      if (base > c_begin) load(base, lane);
+#pragma unroll
+      for (int j = 0; j < kGateBatch; ++j) {
+        const int64_t c = base + lane + 32 * j;
+        if (!ok || c >= c_end) continue;
+        float wf[kPer];
+        const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (kBf16) {
+            wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
+            wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
+          } else {
+            wf[i] = __uint_as_float(u[i]);
+          }
+        }
+        // w * g once per column, then five FMAs per column and token.
+        const float4* gp = reinterpret_cast<const float4*>(g + c * kPer);
+#pragma unroll
+        for (int q = 0; q < kPer / 4; ++q) {
+          const float4 gv = gp[q];
+          wf[4 * q] *= gv.x, wf[4 * q + 1] *= gv.y, wf[4 * q + 2] *= gv.z, wf[4 * q + 3] *= gv.w;
+        }
+#pragma unroll
+        for (int t = 0; t < kMaxT; ++t) {
+          if (t >= T) break;
+#pragma unroll
+          for (int v = 0; v < 5; ++v) {
+            const float* src = v == 0 ? a + int64_t(t) * D : hs + (int64_t(t) * 4 + (v - 1)) * D;
+            const float4* xp = reinterpret_cast<const float4*>(src + c * kPer);
+#pragma unroll
+            for (int q = 0; q < kPer / 4; ++q) {
+              const float4 xv = xp[q];
+              float& s = acc[5 * t + v];
+              s = fmaf(wf[4 * q], xv.x, s);
+              s = fmaf(wf[4 * q + 1], xv.y, s);
+              s = fmaf(wf[4 * q + 2], xv.z, s);
+              s = fmaf(wf[4 * q + 3], xv.w, s);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 5 * kMaxT; ++i) {
+      if (i >= 5 * T) break;
+      acc[i] = warp_sum(acc[i]);
     }
   }
 };
