@@ -36,6 +36,14 @@ inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f)
   return v;
 }
 
+// n values drawn uniformly from [lo, hi).
+inline std::vector<float> uniform(size_t n, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
 }  // namespace aff::cuda::testing
 
 // Declares `seed` (test_seed()) and `rng` (a 64-bit Mersenne Twister from it)

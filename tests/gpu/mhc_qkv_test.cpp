@@ -51,13 +51,6 @@ std::vector<float> randn(std::mt19937_64& rng, size_t n, float mean = 0.0f, floa
   return v;
 }
 
-std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -124,8 +117,8 @@ HcInputs make_hc_inputs(const HcCase& c, std::mt19937_64& rng) {
   const size_t T = size_t(c.T), D = size_t(c.D);
   in.h = randn(rng, T * kHc * D);
   in.a = randn(rng, T * D, 0.0f, 2.0f);
-  in.post_prev = uniform(rng, T * kHc, 0.0f, 2.0f);
-  in.comb_prev = uniform(rng, T * kHc * kHc, 0.0f, 0.5f);
+  in.post_prev = testing::uniform(T * kHc, rng, 0.0f, 2.0f);
+  in.comb_prev = testing::uniform(T * kHc * kHc, rng, 0.0f, 0.5f);
   in.fn = random_fn(rng, c.dtype, int64_t(c.n_mix()) * kHc * c.D);
   in.base = randn(rng, size_t(c.n_mix()), 0.0f, 0.5f);
   in.scale = c.head() ? std::vector<float>{0.8f} : std::vector<float>{0.7f, 0.9f, 1.1f};
@@ -464,7 +457,7 @@ TEST(MhcQkvBench, DISABLED_Timing) {
     const std::vector<float> a = randn(rng, size_t(Tmax * D));
     auto dh = upload_vector(h, "bench");
     auto da = upload_vector(a, "bench");
-    auto dpost = upload_vector(uniform(rng, size_t(Tmax * kHc), 0.0f, 1.0f), "bench");
+    auto dpost = upload_vector(testing::uniform(size_t(Tmax * kHc), rng, 0.0f, 1.0f), "bench");
     auto dcomb = upload_vector(std::vector<float>(size_t(Tmax * kHc * kHc), 0.25f), "bench");
     auto dpre = DeviceBuffer::allocate(size_t(Tmax * kHc) * 4, "bench");
     auto dx = DeviceBuffer::allocate(size_t(Tmax * D) * 4, "bench");

@@ -32,13 +32,6 @@ struct SiteRouterCase {
   bool hash;
 };
 
-std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
 double rel_rms(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -59,7 +52,8 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
   // The site's inputs as a decode step sees them: the previous site's streams
   // (and its copies), the attention's output, post / comb of the previous site.
   const std::vector<float> h1 = testing::randn(T * kHc * D, rng), a = testing::randn(T * D, rng, 2.0f);
-  const std::vector<float> post1 = uniform(rng, T * kHc, 0.0f, 2.0f), comb1 = uniform(rng, T * kHc * kHc, 0.0f, 0.5f);
+  const std::vector<float> post1 = testing::uniform(T * kHc, rng, 0.0f, 2.0f);
+  const std::vector<float> comb1 = testing::uniform(T * kHc * kHc, rng, 0.0f, 0.5f);
   const std::vector<float> fn = testing::randn(size_t(kMix) * kHc * D, rng, 0.02f);
   const std::vector<float> base = testing::randn(kMix, rng, 0.5f), scale{0.7f, 0.9f, 1.1f};
   std::vector<float> g = testing::randn(D, rng, 0.1f);

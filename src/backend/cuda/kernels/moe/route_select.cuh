@@ -50,9 +50,24 @@ struct GateSlice {
   }
   __device__ __forceinline__ void prefetch(int lane) { load(c_begin, lane); }
 
-  __device__ void dot(const float* x, int64_t D, int T, int lane, float (&acc)[kGateMaxT]) {
+  // The kPer weights of one 16-byte load as f32 (exact).
+  __device__ __forceinline__ static void unpack(const uint4& v, float (&wf)[kPer]) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int t = 0; t < kGateMaxT; ++t) acc[t] = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kBf16) {
+        wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
+        wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
+      } else {
+        wf[i] = __uint_as_float(u[i]);
+      }
+    }
+  }
+
+  // f(c, wf) for each of this lane's 16-byte chunks c of the slice, its
+  // weights unpacked to f32 (the loads of the next batch issued first).
+  template <class F>
+  __device__ __forceinline__ void for_each_chunk(int lane, F&& f) {
     for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
       if (base > c_begin) load(base, lane);
 #pragma unroll
@@ -60,31 +75,35 @@ struct GateSlice {
         const int64_t c = base + lane + 32 * j;
         if (!ok || c >= c_end) continue;
         float wf[kPer];
-        const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (kBf16) {
-            wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
-            wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
-          } else {
-            wf[i] = __uint_as_float(u[i]);
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < kGateMaxT; ++t) {
-          if (t >= T) break;
-          const float4* xp = reinterpret_cast<const float4*>(x + int64_t(t) * D + c * kPer);
-#pragma unroll
-          for (int q = 0; q < kPer / 4; ++q) {
-            const float4 xv = xp[q];
-            acc[t] = fmaf(wf[4 * q], xv.x, acc[t]);
-            acc[t] = fmaf(wf[4 * q + 1], xv.y, acc[t]);
-            acc[t] = fmaf(wf[4 * q + 2], xv.z, acc[t]);
-            acc[t] = fmaf(wf[4 * q + 3], xv.w, acc[t]);
-          }
-        }
+        unpack(wv[j], wf);
+        f(c, wf);
       }
     }
+  }
+
+  // acc += w . v[0, kPer) for one chunk (v: its kPer activations).
+  __device__ __forceinline__ static void fma_chunk(const float (&wf)[kPer], const float* v, float& acc) {
+    const float4* xp = reinterpret_cast<const float4*>(v);
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      const float4 xv = xp[q];
+      acc = fmaf(wf[4 * q], xv.x, acc);
+      acc = fmaf(wf[4 * q + 1], xv.y, acc);
+      acc = fmaf(wf[4 * q + 2], xv.z, acc);
+      acc = fmaf(wf[4 * q + 3], xv.w, acc);
+    }
+  }
+
+  __device__ void dot(const float* x, int64_t D, int T, int lane, float (&acc)[kGateMaxT]) {
+#pragma unroll
+    for (int t = 0; t < kGateMaxT; ++t) acc[t] = 0.0f;
+    for_each_chunk(lane, [&](int64_t c, const float (&wf)[kPer]) {
+#pragma unroll
+      for (int t = 0; t < kGateMaxT; ++t) {
+        if (t >= T) break;
+        fma_chunk(wf, x + int64_t(t) * D + c * kPer, acc[t]);
+      }
+    });
 #pragma unroll
     for (int t = 0; t < kGateMaxT; ++t) {
       if (t >= T) break;
@@ -103,50 +122,24 @@ struct GateSlice {
                               float (&acc)[5 * kMaxT]) {
 #pragma unroll
     for (int i = 0; i < 5 * kMaxT; ++i) acc[i] = 0.0f;
-    for (int64_t base = c_begin; base < c_end; base += 32 * kGateBatch) {
-      if (base > c_begin) load(base, lane);
+    for_each_chunk(lane, [&](int64_t c, const float (&w)[kPer]) {
+      // w * g once per column, then five FMAs per column and token.
+      float wf[kPer];
+      const float4* gp = reinterpret_cast<const float4*>(g + c * kPer);
 #pragma unroll
-      for (int j = 0; j < kGateBatch; ++j) {
-        const int64_t c = base + lane + 32 * j;
-        if (!ok || c >= c_end) continue;
-        float wf[kPer];
-        const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (kBf16) {
-            wf[2 * i] = bf16_bits_to_f32(uint16_t(u[i]));
-            wf[2 * i + 1] = bf16_bits_to_f32(uint16_t(u[i] >> 16));
-          } else {
-            wf[i] = __uint_as_float(u[i]);
-          }
-        }
-        // w * g once per column, then five FMAs per column and token.
-        const float4* gp = reinterpret_cast<const float4*>(g + c * kPer);
-#pragma unroll
-        for (int q = 0; q < kPer / 4; ++q) {
-          const float4 gv = gp[q];
-          wf[4 * q] *= gv.x, wf[4 * q + 1] *= gv.y, wf[4 * q + 2] *= gv.z, wf[4 * q + 3] *= gv.w;
-        }
-#pragma unroll
-        for (int t = 0; t < kMaxT; ++t) {
-          if (t >= T) break;
-#pragma unroll
-          for (int v = 0; v < 5; ++v) {
-            const float* src = v == 0 ? a + int64_t(t) * D : hs + (int64_t(t) * 4 + (v - 1)) * D;
-            const float4* xp = reinterpret_cast<const float4*>(src + c * kPer);
-#pragma unroll
-            for (int q = 0; q < kPer / 4; ++q) {
-              const float4 xv = xp[q];
-              float& s = acc[5 * t + v];
-              s = fmaf(wf[4 * q], xv.x, s);
-              s = fmaf(wf[4 * q + 1], xv.y, s);
-              s = fmaf(wf[4 * q + 2], xv.z, s);
-              s = fmaf(wf[4 * q + 3], xv.w, s);
-            }
-          }
-        }
+      for (int q = 0; q < kPer / 4; ++q) {
+        const float4 gv = gp[q];
+        wf[4 * q] = w[4 * q] * gv.x, wf[4 * q + 1] = w[4 * q + 1] * gv.y;
+        wf[4 * q + 2] = w[4 * q + 2] * gv.z, wf[4 * q + 3] = w[4 * q + 3] * gv.w;
       }
-    }
+#pragma unroll
+      for (int t = 0; t < kMaxT; ++t) {
+        if (t >= T) break;
+        fma_chunk(wf, a + int64_t(t) * D + c * kPer, acc[5 * t]);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) fma_chunk(wf, hs + (int64_t(t) * 4 + v) * D + c * kPer, acc[5 * t + 1 + v]);
+      }
+    });
 #pragma unroll
     for (int i = 0; i < 5 * kMaxT; ++i) {
       if (i >= 5 * T) break;
