@@ -1,6 +1,7 @@
 // The MoE site and router in one launch (site_router) against the two
 // launches it replaces (hc_fused, then router_gate_topk on the site's x), on
-// V4's shape and an odd one, 1 and 2 tokens, top-k with a bias and hash
+// V4's shape and an odd one, in one launch and as two on two streams
+// (site_router_split), 1 and 2 tokens, top-k with a bias and hash
 // routing, BF16 and F32 gates. The site's outputs must be the same bits (same
 // body; the merged launch finishes comb's Sinkhorn itself, which must give the
 // bits of the site's own); the picks must agree exactly, the logits and weights to f32 rounding
@@ -77,8 +78,9 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
     std::vector<int32_t> ids;
     std::vector<uint32_t> tickets;
   };
-  // One path from fresh copies of the site's in-place inputs; merged: site_router.
-  auto run = [&](bool merged, int launches) -> Result<Out> {
+  // One path from fresh copies of the site's in-place inputs. merged 0: hc_fused
+  // then router_gate_topk; 1: site_router; 2: site_router_split on two streams.
+  auto run = [&](int merged, int launches) -> Result<Out> {
     AFF_ASSIGN_OR_RETURN(DeviceBuffer h, upload_vector(h1, "test"));
     AFF_ASSIGN_OR_RETURN(DeviceBuffer post, upload_vector(post1, "test"));
     AFF_ASSIGN_OR_RETURN(DeviceBuffer comb, upload_vector(comb1, "test"));
@@ -122,7 +124,14 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
         s.h_prev = d_hp->as<float>(), s.post_prev = d_pp->as<float>(), s.comb_prev = d_cp->as<float>();
         s.parts = parts.as<float>(), s.ticket = router_ticket;
         if (!site_router_supported(f, r, gate.w)) return internal_error("site_router_supported refused the case");
-        AFF_RETURN_IF_ERROR(site_router(s, nullptr));
+        if (merged == 2) {
+          AFF_ASSIGN_OR_RETURN(Stream s1, Stream::create());
+          AFF_ASSIGN_OR_RETURN(Stream s2, Stream::create());
+          AFF_RETURN_IF_ERROR(site_router_split(s, s1.get(), s2.get()));
+          AFF_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "test"));
+        } else {
+          AFF_RETURN_IF_ERROR(site_router(s, nullptr));
+        }
       } else {
         AFF_RETURN_IF_ERROR(hc_fused(f, nullptr));
         AFF_RETURN_IF_ERROR(router_gate_topk(r, gate.w, x.as<float>(), router_ticket, nullptr));
@@ -141,19 +150,22 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
     AFF_ASSIGN_OR_RETURN(o.tickets, download_vector(tickets.as<uint32_t>(), 2 * T + 2, "test"));
     return o;
   };
-  auto want = run(false, 1);
+  auto want = run(0, 1);
   ASSERT_TRUE(want.is_ok()) << want.status().message();
-  auto got = run(true, 2);
-  ASSERT_TRUE(got.is_ok()) << got.status().message();
-  EXPECT_EQ(got->x, want->x) << "the site's x";
-  EXPECT_EQ(got->h, want->h) << "the site's streams";
-  EXPECT_EQ(got->pre, want->pre);
-  EXPECT_EQ(got->post, want->post);
-  EXPECT_EQ(got->comb, want->comb);
-  for (uint32_t v : got->tickets) EXPECT_EQ(v, 0u) << "tickets must be left at zero";
-  EXPECT_EQ(got->ids, want->ids);
-  for (size_t i = 0; i < Tk; ++i) EXPECT_NEAR(got->w[i], want->w[i], 1e-5f * std::fabs(want->w[i]) + 1e-7f);
-  EXPECT_LE(rel_rms(got->logits, want->logits), 1e-5) << "logits";
+  for (int merged : {1, 2}) {
+    SCOPED_TRACE(merged == 1 ? "one launch" : "two launches on two streams");
+    auto got = run(merged, 2);
+    ASSERT_TRUE(got.is_ok()) << got.status().message();
+    EXPECT_EQ(got->x, want->x) << "the site's x";
+    EXPECT_EQ(got->h, want->h) << "the site's streams";
+    EXPECT_EQ(got->pre, want->pre);
+    EXPECT_EQ(got->post, want->post);
+    EXPECT_EQ(got->comb, want->comb);
+    for (uint32_t v : got->tickets) EXPECT_EQ(v, 0u) << "tickets must be left at zero";
+    EXPECT_EQ(got->ids, want->ids);
+    for (size_t i = 0; i < Tk; ++i) EXPECT_NEAR(got->w[i], want->w[i], 1e-5f * std::fabs(want->w[i]) + 1e-7f);
+    EXPECT_LE(rel_rms(got->logits, want->logits), 1e-5) << "logits";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -47,10 +47,11 @@ struct Switches {
   // than the split form today (docs/BENCHMARKS.md); the base for a persistent MoE.
   bool moe_fused = env_opt_in("AFF_CUDA_MOE_FUSED");
   bool iw_own = env_switch_on("AFF_CUDA_IW_OWN");  // the indexer's head weights on a stream of their own
-  // Opt-in (=1): the MoE site and the router's gate in one launch
-  // (site_router). Correct, but measured slower than the two launches
-  // (docs/BENCHMARKS.md).
-  bool site_router = env_opt_in("AFF_CUDA_SITE_ROUTER");
+  // Opt-in: the MoE site with the router's gate beside it (site_router), 1
+  // in one launch (correct, but measured slower than the site and router
+  // launches, docs/BENCHMARKS.md), 2 as two launches on two streams (the
+  // shared expert then forks after the site's alone; not yet measured).
+  int site_router = env_int("AFF_CUDA_SITE_ROUTER", 0, 0, 2);
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -645,7 +646,7 @@ RouterArgs router_args(const DeviceModel& m, const DeviceMoe& w, const int32_t* 
 
 bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_routed) {
   const dsv4::ModelConfig& c = m.config;
-  if (!switches().site_router || no_routed || ablated("mhc") || ablated("router") || profiling_enabled()) return false;
+  if (switches().site_router == 0 || no_routed || ablated("mhc") || ablated("router") || profiling_enabled()) return false;
   if (T < 1 || T > kSiteRouterMaxT || c.hc_mult != 4 || c.n_routed_experts < 1) return false;
   const DeviceLayer& lw = m.layers[size_t(l)];
   const DeviceLinear& gate = lw.ffn.gate;
@@ -683,7 +684,14 @@ Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, c
   s.h_prev = cp.h, s.post_prev = cp.post, s.comb_prev = cp.comb;
   s.parts = st.ws.gate_parts.as<float>(), s.ticket = st.ws.site_router_ticket.as<unsigned>();
   if (!site_router_supported(f, s.router, lw.ffn.gate)) return internal_error("site_router: unsupported shape");
-  AFF_RETURN_IF_ERROR(site_router(s, st.stream.get()));
+  if (switches().site_router == 2 && beside(true)) {
+    // The gate on side3 (free after the attention), joined before the routed launches (gpu_moe).
+    AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), st.stream.get(), st.fork));
+    AFF_RETURN_IF_ERROR(site_router_split(s, st.stream.get(), st.side3.get()));
+    st.gate_pending = true;
+  } else {
+    AFF_RETURN_IF_ERROR(site_router(s, st.stream.get()));
+  }
   prof_mark(st.stream.get(), "mhc");
   return Status::ok();
 }
@@ -758,6 +766,11 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
       AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
       AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
     }
+  }
+  // A gate beside the site on side3 (gpu_hc_site_router): the routes exist once it has run.
+  if (st.gate_pending) {
+    st.gate_pending = false;
+    AFF_RETURN_IF_ERROR(stream_after(s, st.side3.get(), st.gate_join));
   }
   bool job_done = false;  // the previous mHC site's deferred comb: beside the router, or on its own
   if (!routes_ready && !no_routed && !ablated("router")) {

@@ -140,6 +140,10 @@ class GpuState {
   // wq_b: forked at kv_ready, joined at kv_done before attention.
   Stream side, side2, side3;
   Event fork, qr_ready, iq_ready, iw_ready, join, join2, join3, kv_ready, kv_done;
+  // The MoE router's gate beside its mHC site on side3 (AFF_CUDA_SITE_ROUTER=2),
+  // joined at gate_join before the routed launches while gate_pending.
+  Event gate_join;
+  bool gate_pending = false;
   // Decode: L2 prefetches of weights a few kernels ahead of their readers run
   // on `ahead` (forked where they should start, joined once at the step's end).
   Stream ahead;

@@ -81,6 +81,8 @@ __device__ void finish_routing(const SiteRouterArgs& a, float* smem, int32_t (*s
 }
 
 template <int FNT, bool kBf16>
+// Blocks [0, nb) of a grid row are the site's (nb = 0: a launch of gate
+// blocks only), the rest gate blocks (none in a launch of the site only).
 __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, int nb) {
   extern __shared__ float smem[];
   __shared__ float slice_sum[kWarps][kCols * kMaxT];
@@ -145,7 +147,10 @@ bool site_router_supported(const HcFusedArgs& s, const RouterArgs& r, const Devi
          site_router_smem(nb, r.E, s.T) <= 48 * 1024;
 }
 
-Status site_router(const SiteRouterArgs& a, cudaStream_t stream) {
+namespace {
+
+// site / gate: which roles this launch's grid holds.
+Status launch_site_router(const SiteRouterArgs& a, bool site, bool gate, cudaStream_t stream) {
   const HcFusedArgs& s = a.site;
   const int nb = int((s.D + kThreads - 1) / kThreads);
   if (a.h_prev == nullptr || a.post_prev == nullptr || a.comb_prev == nullptr || a.parts == nullptr ||
@@ -155,13 +160,15 @@ Status site_router(const SiteRouterArgs& a, cudaStream_t stream) {
   for (const void* p : {static_cast<const void*>(s.a), static_cast<const void*>(a.h_prev),
                         static_cast<const void*>(s.x_norm)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return internal_error("site_router: inputs must be 16-byte aligned");
-  const dim3 grid(unsigned(nb + gate_blocks(a.router.E)), unsigned(s.T)), block(kThreads);
+  const int site_blocks = site ? nb : 0;
+  const dim3 grid(unsigned(site_blocks + (gate ? gate_blocks(a.router.E) : 0)), unsigned(site ? s.T : 1));
+  const dim3 block(kThreads);
   const size_t smem = site_router_smem(nb, a.router.E, s.T);
   cudaError_t e = cudaErrorInvalidValue;
 #define AFF_SITE_ROUTER(FNT_)                                                                    \
   case FNT_:                                                                                     \
-    e = a.gate_bf16 ? launch_pdl(site_router_sm90<FNT_, true>, grid, block, smem, stream, a, nb) \
-                    : launch_pdl(site_router_sm90<FNT_, false>, grid, block, smem, stream, a, nb); \
+    e = a.gate_bf16 ? launch_pdl(site_router_sm90<FNT_, true>, grid, block, smem, stream, a, site_blocks)  \
+                    : launch_pdl(site_router_sm90<FNT_, false>, grid, block, smem, stream, a, site_blocks); \
     break;
   switch (s.fn_dtype) {
     AFF_SITE_ROUTER(0)
@@ -171,6 +178,15 @@ Status site_router(const SiteRouterArgs& a, cudaStream_t stream) {
   }
 #undef AFF_SITE_ROUTER
   return cuda_status(e, "site_router_sm90");
+}
+
+}  // namespace
+
+Status site_router(const SiteRouterArgs& a, cudaStream_t stream) { return launch_site_router(a, true, true, stream); }
+
+Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream) {
+  AFF_RETURN_IF_ERROR(launch_site_router(a, false, true, gate_stream));
+  return launch_site_router(a, true, false, site_stream);
 }
 
 }  // namespace aff::cuda

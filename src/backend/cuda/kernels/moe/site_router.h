@@ -61,4 +61,10 @@ bool site_router_supported(const HcFusedArgs& site, const RouterArgs& r, const D
 
 Status site_router(const SiteRouterArgs& a, cudaStream_t stream);
 
+// The same work as two launches: the gate blocks on gate_stream, the site's on
+// site_stream (both after the inputs are ready; they share the ticket, so
+// whichever ends last routes). The routes are ready once both have run;
+// what reads only x (the shared expert) may follow the site launch alone.
+Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream);
+
 }  // namespace aff::cuda
