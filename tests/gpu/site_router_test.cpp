@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernels/mhc/mhc.h"
@@ -109,9 +110,9 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
     unsigned* router_ticket = tickets.as<unsigned>() + 2 * T;
     for (int i = 0; i < launches; ++i) {
       if (i > 0) {  // the site updates h, post and comb in place: start the second launch from the inputs again
-        AFF_RETURN_IF_ERROR(cuda_status(cudaMemcpy(h.data(), h1.data(), h1.size() * 4, cudaMemcpyHostToDevice), "test"));
-        AFF_RETURN_IF_ERROR(cuda_status(cudaMemcpy(post.data(), post1.data(), post1.size() * 4, cudaMemcpyHostToDevice), "test"));
-        AFF_RETURN_IF_ERROR(cuda_status(cudaMemcpy(comb.data(), comb1.data(), comb1.size() * 4, cudaMemcpyHostToDevice), "test"));
+        for (auto [dst, src] : {std::pair{&h, &h1}, std::pair{&post, &post1}, std::pair{&comb, &comb1}})
+          AFF_RETURN_IF_ERROR(cuda_status(
+              cudaMemcpy(dst->data(), src->data(), src->size() * 4, cudaMemcpyHostToDevice), "test"));
         AFF_RETURN_IF_ERROR(cuda_status(cudaMemset(ids.data(), 0xff, Tk * 4), "test"));
       }
       if (merged) {

@@ -646,23 +646,17 @@ RouterArgs router_args(const DeviceModel& m, const DeviceMoe& w, const int32_t* 
 
 bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_routed) {
   const dsv4::ModelConfig& c = m.config;
-  if (switches().site_router == 0 || no_routed || ablated("mhc") || ablated("router") || profiling_enabled()) return false;
+  if (switches().site_router == 0 || no_routed || ablated("mhc") || ablated("router") || profiling_enabled())
+    return false;
   if (T < 1 || T > kSiteRouterMaxT || c.hc_mult != 4 || c.n_routed_experts < 1) return false;
   const DeviceLayer& lw = m.layers[size_t(l)];
   const DeviceLinear& gate = lw.ffn.gate;
   if (linear_uses_gemm(gate, T)) return false;
-  HcFusedArgs s;  // the shape checks only
-  s.T = T, s.hc = 4, s.D = c.hidden_size, s.a = reinterpret_cast<const float*>(16);
-  s.x_norm = lw.ffn_norm, s.x_inv = reinterpret_cast<float*>(16);
-  switch (lw.hc_ffn.fn.format) {
-    case DevFormat::kF32: s.fn_dtype = 0; break;
-    case DevFormat::kBF16: s.fn_dtype = 1; break;
-    case DevFormat::kF16: s.fn_dtype = 2; break;
-    default: return false;
-  }
+  const DevFormat fn = lw.hc_ffn.fn.format;
+  if (fn != DevFormat::kF32 && fn != DevFormat::kBF16 && fn != DevFormat::kF16) return false;
   RouterArgs r;
   r.T = T, r.E = c.n_routed_experts, r.k = c.n_experts_per_tok;
-  return site_router_supported(s, r, gate);
+  return lw.ffn_norm != nullptr && site_router_shape_ok(T, c.hidden_size, c.hc_mult, r, gate);
 }
 
 HcCopies gpu_site_copies(GpuState& st) {

@@ -137,14 +137,18 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
 
 }  // namespace
 
-bool site_router_supported(const HcFusedArgs& s, const RouterArgs& r, const DeviceLinear& gate) {
+bool site_router_shape_ok(int64_t T, int64_t D, int hc, const RouterArgs& r, const DeviceLinear& gate) {
   const bool bf16 = gate.format == DevFormat::kBF16, f32 = gate.format == DevFormat::kF32;
-  const int nb = int((s.D + kThreads - 1) / kThreads);
-  return (bf16 || f32) && s.T >= 1 && s.T <= kSiteRouterMaxT && r.T == s.T && s.hc == 4 && !s.head &&
-         s.a != nullptr && s.x_norm != nullptr && s.x_inv != nullptr && s.fn_dtype >= 0 && s.fn_dtype <= 2 &&
-         r.E >= 1 && r.E <= 32 * kTopkPerLane && r.k >= 1 && r.k <= 32 && r.k <= r.E && gate.out == r.E &&
-         gate.in == s.D && s.D % (4 * 32 * kSplit) == 0 && reinterpret_cast<uintptr_t>(gate.weight) % 16 == 0 &&
-         site_router_smem(nb, r.E, s.T) <= 48 * 1024;
+  const int nb = int((D + kThreads - 1) / kThreads);
+  return (bf16 || f32) && T >= 1 && T <= kSiteRouterMaxT && r.T == T && hc == 4 && r.E >= 1 &&
+         r.E <= 32 * kTopkPerLane && r.k >= 1 && r.k <= 32 && r.k <= r.E && gate.out == r.E && gate.in == D &&
+         D % (4 * 32 * kSplit) == 0 && reinterpret_cast<uintptr_t>(gate.weight) % 16 == 0 &&
+         site_router_smem(nb, r.E, T) <= 48 * 1024;
+}
+
+bool site_router_supported(const HcFusedArgs& s, const RouterArgs& r, const DeviceLinear& gate) {
+  return site_router_shape_ok(s.T, s.D, s.hc, r, gate) && !s.head && s.a != nullptr && s.x_norm != nullptr &&
+         s.x_inv != nullptr && s.fn_dtype >= 0 && s.fn_dtype <= 2;
 }
 
 namespace {

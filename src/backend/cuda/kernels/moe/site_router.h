@@ -58,6 +58,8 @@ struct SiteRouterArgs {
 // mixes, a previous sublayer output to expand, a BF16 / F32 gate of [E, D]
 // with 16-byte aligned rows, E <= 256).
 bool site_router_supported(const HcFusedArgs& site, const RouterArgs& r, const DeviceLinear& gate);
+// The shape part of it alone (T tokens, hidden size D, hc streams).
+bool site_router_shape_ok(int64_t T, int64_t D, int hc, const RouterArgs& r, const DeviceLinear& gate);
 
 Status site_router(const SiteRouterArgs& a, cudaStream_t stream);
 
