@@ -383,7 +383,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, w, st, h, a, first, T, head, norm_weight, x));
   f.x_ring[0] = x_rings.ring[0], f.x_ring[1] = x_rings.ring[1], f.x_ring_rows = x_rings.rows;
   if (copies.h != nullptr) {
-    if (T > kSiteRouterMaxT || T > kHcSmallT || f.hc != 4 || head || first != 0)
+    if (T > kSiteRouterMaxT || f.hc != 4 || head || first != 0)
       return internal_error("mHC: only a decode site keeps copies");
     f.h_copy = copies.h, f.post_copy = copies.post, f.comb_copy = copies.comb;
   }
@@ -648,15 +648,11 @@ bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_route
   const dsv4::ModelConfig& c = m.config;
   if (switches().site_router == 0 || no_routed || ablated("mhc") || ablated("router") || profiling_enabled())
     return false;
-  if (T < 1 || T > kSiteRouterMaxT || c.hc_mult != 4 || c.n_routed_experts < 1) return false;
   const DeviceLayer& lw = m.layers[size_t(l)];
-  const DeviceLinear& gate = lw.ffn.gate;
-  if (linear_uses_gemm(gate, T)) return false;
-  const DevFormat fn = lw.hc_ffn.fn.format;
-  if (fn != DevFormat::kF32 && fn != DevFormat::kBF16 && fn != DevFormat::kF16) return false;
+  if (linear_uses_gemm(lw.ffn.gate, T) || lw.ffn_norm == nullptr) return false;
   RouterArgs r;
   r.T = T, r.E = c.n_routed_experts, r.k = c.n_experts_per_tok;
-  return lw.ffn_norm != nullptr && site_router_shape_ok(T, c.hidden_size, c.hc_mult, r, gate);
+  return site_router_shape_ok(T, c.hidden_size, c.hc_mult, r, lw.ffn.gate);
 }
 
 HcCopies gpu_site_copies(GpuState& st) {
@@ -718,8 +714,8 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   const bool decode = T <= kMoeDecodeMaxTokens && c.hidden_size % 32 == 0 && c.moe_inter % 32 == 0 &&
                       moe_decode_act_bytes(d) <= int64_t(ws.act.bytes());
   // Decode of one token: router, shared expert and routed experts in one launch.
-  if (!routes_ready && !no_routed && T == 1 && decode && switches().moe_fused && !profiling_enabled() && w.has_shared &&
-      !ablated("router") && !ablated("moe_up") && !ablated("moe_down") && !ablated("shared")) {
+  if (!routes_ready && !no_routed && T == 1 && decode && switches().moe_fused && !profiling_enabled() &&
+      w.has_shared && !ablated("router") && !ablated("moe_up") && !ablated("moe_down") && !ablated("shared")) {
     RouterArgs r = router_args(m, w, tokens, T, ws);
     MoeDecodeArgs f = d;
     f.pair_w2 = nullptr;

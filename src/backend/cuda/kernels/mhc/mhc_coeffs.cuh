@@ -104,17 +104,22 @@ __device__ inline void hc_coefficients_warp(const float* m, const float* base, c
   if (own) comb[lane] = c;
 }
 
+// Token t of an HcCombJob, by the calling warp (all 32 lanes), in place (and
+// into job.copy when set). The logits are read from L2: they may come from
+// another block of the same launch.
+__device__ inline void hc_comb_job_token(const HcCombJob& job, int64_t t) {
+  const int lane = threadIdx.x & 31, n = job.hc * job.hc;
+  float* cm = job.comb + t * n;
+  const float c = hc_sinkhorn_lane(lane < n ? __ldcg(cm + lane) : 0.0f, job.hc, job.iters, job.eps);
+  if (lane < n) cm[lane] = c;
+  if (job.copy != nullptr && lane < n) job.copy[t * n + lane] = c;
+}
+
 // Runs an HcCombJob with the calling block (any number of whole warps): warp
 // w finishes tokens w, w + warps, ... in place.
 __device__ inline void hc_comb_job_run(const HcCombJob& job) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const int n = job.hc * job.hc;
-  for (int64_t t = warp; t < job.T; t += warps) {
-    float* cm = job.comb + t * n;
-    const float c = hc_sinkhorn_lane(lane < n ? cm[lane] : 0.0f, job.hc, job.iters, job.eps);
-    if (lane < n) cm[lane] = c;
-    if (job.copy != nullptr && lane < n) job.copy[t * n + lane] = c;
-  }
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t t = warp; t < job.T; t += warps) hc_comb_job_token(job, t);
 }
 
 }  // namespace aff::cuda

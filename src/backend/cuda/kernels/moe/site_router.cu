@@ -43,12 +43,7 @@ __device__ void finish_routing(const SiteRouterArgs& a, float* smem, int32_t (*s
   // Warps [T, 2T): the site's deferred Sinkhorn (its comb logits are out
   // before site block 0's ticket), beside the routing of warps [0, T).
   if (warp >= T) {
-    const HcCombJob& j = a.comb_job;
-    const int64_t t = warp - T, n = j.hc * j.hc;
-    if (j.comb == nullptr || t >= j.T) return;
-    float* cm = j.comb + t * n;
-    const float c = hc_sinkhorn_lane(lane < n ? __ldcg(cm + lane) : 0.0f, j.hc, j.iters, j.eps);
-    if (lane < n) cm[lane] = c;
+    if (a.comb_job.comb != nullptr && warp - T < a.comb_job.T) hc_comb_job_token(a.comb_job, warp - T);
     return;
   }
   const int t = warp;
@@ -80,9 +75,9 @@ __device__ void finish_routing(const SiteRouterArgs& a, float* smem, int32_t (*s
   route_token(r, t, lg, lg + E, lg + 2 * E, sel[t], r.ids + int64_t(t) * r.k, r.weights + int64_t(t) * r.k, bias);
 }
 
-template <int FNT, bool kBf16>
 // Blocks [0, nb) of a grid row are the site's (nb = 0: a launch of gate
 // blocks only), the rest gate blocks (none in a launch of the site only).
+template <int FNT, bool kBf16>
 __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, int nb) {
   extern __shared__ float smem[];
   __shared__ float slice_sum[kWarps][kCols * kMaxT];
@@ -95,8 +90,7 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
   bias.ok = false;
   if (int(blockIdx.x) < nb) {
     hc_site::site_decode_body<4, 24, FNT>(a.site, nb);
-    if (blockIdx.x != 0) return;
-    __syncthreads();  // warp 0 wrote this token's pre and inv
+    if (blockIdx.x != 0) return;  // block 0 (warp 0) wrote this token's pre and inv: it arrives below
   } else {
     if (blockIdx.y != 0) return;  // the gate blocks serve every token from grid row 0
     const int gb = int(blockIdx.x) - nb;
@@ -123,7 +117,8 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
     }
   }
   // Ticket over the gate blocks and each token's site block 0 (the usual
-  // last-block pattern: fence, count; the last one fences again and reads).
+  // last-block pattern: every writer fences, the block syncs, one thread
+  // counts; the last one fences again and reads).
   const unsigned arrivals = unsigned(gate_blocks(r.E) + T);
   __threadfence();
   __syncthreads();
