@@ -253,13 +253,22 @@ TEST(AttentionMma, FinishesItsQueries) {
 // Indexer scores: sum_h w[t,h] * w_scale * relu(q[t,h] . k[j]) for the visible j.
 // rope_dim > 0: the launch is given q without its RoPE (the trailing rope_dim
 // dims, interleaved pairs, at each query's position) and applies it; the
-// reference rotates q first.
+// reference rotates q first. w_parts > 0: the head weights are given as that
+// many partial sums (the decode mHC site's, IndexerScoreArgs::w_parts) and
+// the reference's w is their sum in order.
 void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd, int ratio, MmaPrecision prec,
-                      std::mt19937_64& rng, int rope_dim = 0) {
+                      std::mt19937_64& rng, int rope_dim = 0, int w_parts = 0) {
   SCOPED_TRACE("T " + std::to_string(T) + " pos0 " + std::to_string(pos0) + " nh " + std::to_string(nh) +
-               " rope " + std::to_string(rope_dim));
+               " rope " + std::to_string(rope_dim) + " w parts " + std::to_string(w_parts));
   std::vector<float> q = randn(size_t(T * nh * hd), rng), w = randn(size_t(T * nh), rng),
                      keys = randn(size_t(capacity * hd), rng);
+  const std::vector<float> parts = randn(size_t(T * std::max(w_parts, 1) * nh), rng);
+  for (int64_t t = 0; t < T && w_parts > 0; ++t)
+    for (int h = 0; h < nh; ++h) {
+      float s = 0.0f;
+      for (int p = 0; p < w_parts; ++p) s += parts[size_t((t * w_parts + p) * nh + h)];
+      w[size_t(t * nh + h)] = s;
+    }
   const std::vector<float> q_given = q;
   const std::vector<float> inv_freq = rope_dim > 0 ? ref::rope_inv_freq(160000.0, rope_dim, nullptr)
                                                    : std::vector<float>{};
@@ -269,6 +278,8 @@ void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd,
   ASSERT_TRUE(dfreq.is_ok());
   const float w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   auto dq = upload_vector(q_given, "q"), dw = upload_vector(w, "w"), dk = upload_vector(keys, "keys");
+  auto dparts = upload_vector(parts, "w parts");
+  ASSERT_TRUE(dparts.is_ok());
   auto dstep = upload_vector(std::vector<StepInfo>{StepInfo{pos0, T}}, "step");
   auto dsc = DeviceBuffer::allocate(size_t(T * capacity) * 4, "scores");
   ASSERT_TRUE(dq.is_ok() && dw.is_ok() && dk.is_ok() && dstep.is_ok() && dsc.is_ok());
@@ -277,6 +288,7 @@ void run_indexer_case(int64_t T, int64_t pos0, int64_t capacity, int nh, int hd,
   a.keys = dk->as<float>(), a.T = T, a.capacity = capacity, a.nh = nh, a.hd = hd, a.ratio = ratio;
   a.precision = prec, a.scores = dsc->as<float>();
   if (rope_dim > 0) a.rope_freq = dfreq->as<float>(), a.rope_dim = rope_dim;
+  if (w_parts > 0) a.w = nullptr, a.w_parts = dparts->as<float>(), a.w_nparts = w_parts;
   ASSERT_TRUE(indexer_scores(a, nullptr).is_ok());
   auto got = download_vector(dsc->as<float>(), size_t(T * capacity), "scores");
   ASSERT_TRUE(got.is_ok());
@@ -321,6 +333,9 @@ TEST(IndexerScoresMma, MatchesReference) {
   // A decode step at a long context: more key tiles than the grid's blocks,
   // so each block loops over several with its query rows staged once.
   run_indexer_case(1, 4 * 40000 - 1, 40000, 64, 128, 4, MmaPrecision::kBf16x3, rng, 64);
+  // Head weights as the decode mHC site's 32 partial sums (V4's 4096 channels / 128).
+  run_indexer_case(1, 4095, 1100, 64, 128, 4, MmaPrecision::kBf16x3, rng, 64, 32);
+  run_indexer_case(3, 77, 30, 6, 128, 4, MmaPrecision::kBf16x3, rng, 64, 5);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 //    checker's hc_pre (no expand, no norm), a forward-pass site (expand of the
 //    previous sublayer's output + the sublayer's rmsnorm), the final head with
 //    and without expand and norm; V4's hidden size and two small ones (200: a
-//    partial channel block; 100: 16-bit mixes take the generic kernel);
+//    partial channel block; 100: 16-bit mixes take the generic kernel); a
+//    decode site that also computes an indexer's head weights (partial sums);
 //  - qkv_finish: per-head query norm, weighted KV norm and a rope-only part
 //    with its own frequencies, at V4's shapes and near position 1M; a small
 //    head size (fewer float4s than lanes) and an odd one (the fallback kernel).
@@ -94,6 +95,7 @@ std::vector<uint8_t> random_fn(std::mt19937_64& rng, int dtype, int64_t n) {
 
 struct HcOut {
   std::vector<float> x, h, pre, post, comb;
+  std::vector<float> iw;  // [T, iw_heads] the indexer head weights' partial sums, added up
   std::vector<uint32_t> tickets;
 };
 
@@ -110,7 +112,10 @@ struct HcCase {
 struct HcInputs {
   std::vector<float> h, a, post_prev, comb_prev, base, scale, x_norm;
   std::vector<uint8_t> fn;
+  std::vector<uint16_t> iw;  // [kIwHeads, D] BF16: an indexer's weights_proj for the decode site
 };
+
+constexpr int kIwHeads = 64;
 
 HcInputs make_hc_inputs(const HcCase& c, std::mt19937_64& rng) {
   HcInputs in;
@@ -123,12 +128,17 @@ HcInputs make_hc_inputs(const HcCase& c, std::mt19937_64& rng) {
   in.base = randn(rng, size_t(c.n_mix()), 0.0f, 0.5f);
   in.scale = c.head() ? std::vector<float>{0.8f} : std::vector<float>{0.7f, 0.9f, 1.1f};
   in.x_norm = randn(rng, D, 1.0f, 0.1f);
+  const std::vector<float> iw = randn(rng, size_t(kIwHeads) * D, 0.0f, 0.05f);
+  in.iw.resize(iw.size());
+  for (size_t i = 0; i < iw.size(); ++i) in.iw[i] = f32_to_bf16(iw[i]);
   return in;
 }
 
 // defer: the decode variant leaves comb's Sinkhorn to an HcCombJob, run here
 // by its own launch after the site (as the forward pass's consumers run it).
-Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool defer = false) {
+// iw: the decode site also computes the indexer head weights' partial sums
+// (HcFusedArgs::iw_weight), added up here in block order into HcOut::iw.
+Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool defer = false, bool iw = false) {
   const size_t T = size_t(c.T), D = size_t(c.D);
   AFF_ASSIGN_OR_RETURN(DeviceBuffer h, upload_vector(in.h, "test"));
   AFF_ASSIGN_OR_RETURN(DeviceBuffer a, upload_vector(in.a, "test"));
@@ -158,6 +168,10 @@ Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool d
   f.partials = partials.as<float>();
   f.tickets = tickets.as<unsigned>();
   f.defer_comb = defer;
+  const int nb = hc_decode_blocks(c.D);
+  AFF_ASSIGN_OR_RETURN(DeviceBuffer iw_w, upload_vector(in.iw, "test"));
+  AFF_ASSIGN_OR_RETURN(DeviceBuffer iw_parts, DeviceBuffer::allocate(T * size_t(nb) * kIwHeads * 4, "test"));
+  if (iw) f.iw_weight = iw_w.as<uint8_t>(), f.iw_heads = kIwHeads, f.iw_parts = iw_parts.as<float>();
   AFF_RETURN_IF_ERROR(hc_fused(f, s));
   if (defer) AFF_RETURN_IF_ERROR(hc_comb_run(HcCombJob{f.comb, c.T, kHc, f.sinkhorn_iters, f.hc_eps}, s));
   AFF_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s), "hc_fused test"));
@@ -169,6 +183,13 @@ Result<HcOut> run_hc(const HcCase& c, const HcInputs& in, cudaStream_t s, bool d
   AFF_ASSIGN_OR_RETURN(o.post, download_vector(post.as<float>(), T * kHc, "test"));
   AFF_ASSIGN_OR_RETURN(o.comb, download_vector(comb.as<float>(), T * kHc * kHc, "test"));
   AFF_ASSIGN_OR_RETURN(o.tickets, download_vector(tickets.as<uint32_t>(), 2 * T, "test"));
+  if (iw) {
+    AFF_ASSIGN_OR_RETURN(std::vector<float> parts, download_vector(iw_parts.as<float>(), T * nb * kIwHeads, "test"));
+    o.iw.assign(T * kIwHeads, 0.0f);
+    for (size_t t = 0; t < T; ++t)
+      for (int b = 0; b < nb; ++b)
+        for (int hd = 0; hd < kIwHeads; ++hd) o.iw[t * kIwHeads + hd] += parts[(t * nb + b) * kIwHeads + hd];
+  }
   return o;
 }
 
@@ -243,6 +264,24 @@ TEST(HcFused, MatchesCpuAtDecodeAndPrefillSizes) {
       EXPECT_TRUE(same_bits(got->pre, deferred->pre)) << "pre differs with a deferred comb";
       EXPECT_TRUE(same_bits(got->post, deferred->post)) << "post differs with a deferred comb";
       EXPECT_TRUE(same_bits(got->comb, deferred->comb)) << "comb differs with a deferred comb";
+    }
+    // A decode site that also computes the next indexer's head weights
+    // (weights_proj x): its own outputs keep their bits, and the partial sums
+    // add up to the CPU's product with the reference x.
+    if (c.mode == HcMode::kSite && c.T <= kHcSmallT && hc_site_iw_supported(c.D, kIwHeads)) {
+      auto with_iw = run_hc(c, in, stream->get(), true, true);
+      ASSERT_TRUE(with_iw.is_ok()) << with_iw.status().message();
+      EXPECT_TRUE(same_bits(got->x, with_iw->x)) << "x differs with the head weights";
+      EXPECT_TRUE(same_bits(got->h, with_iw->h)) << "h differs with the head weights";
+      std::vector<float> iw_ref(size_t(c.T) * kIwHeads, 0.0f);
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int hd = 0; hd < kIwHeads; ++hd) {
+          double acc = 0.0;
+          for (int64_t d = 0; d < c.D; ++d)
+            acc += double(bf16_to_f32(in.iw[size_t(hd * c.D + d)])) * x[size_t(t * c.D + d)];
+          iw_ref[size_t(t * kIwHeads + hd)] = float(acc);
+        }
+      EXPECT_LE(rel_rms(with_iw->iw.data(), iw_ref.data(), iw_ref.size()), kTolOpF32) << "head weights";
     }
   }
 }

@@ -58,14 +58,14 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
     AFF_RETURN_IF_ERROR(gpu_prefetch_query_weights(model, l, st, T));
     // Each site may leave its comb's Sinkhorn to the launch after it (job).
     HcCombJob job;
-    // The site also writes x into the x rings of the layer's deferred compressors.
-    const HcXRings rings = ablated("mhc") ? HcXRings{} : gpu_attention_x_rings(model, l, st, T);
+    // The site also computes what the attention's side work reads (x rings, the indexer's head weights).
+    const HcSiteFeeds feeds = ablated("mhc") ? HcSiteFeeds{} : gpu_attention_site_feeds(model, l, st, T);
     // Decode: the MoE site and the router in one launch, fed copies the first site keeps.
     const bool site_router = gpu_site_router_takes(model, l, T, opts.no_routed_experts);
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x,
-                                    &job, rings, site_router ? gpu_site_copies(st) : HcCopies{}));
+                                    &job, feeds, site_router ? gpu_site_copies(st) : HcCopies{}));
     prof_mark(s, "mhc");
-    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job, rings));
+    AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job, feeds));
     if (site_router) {
       job = HcCombJob{};  // the launch finishes its own comb
       AFF_RETURN_IF_ERROR(gpu_hc_site_router(model, l, st, h, y, T, x, ws.tokens.as<int32_t>()));

@@ -52,6 +52,16 @@ struct Switches {
   // launches, docs/BENCHMARKS.md), 2 as two launches on two streams (the
   // shared expert then forks after the site's alone; not yet measured).
   int site_router = env_int("AFF_CUDA_SITE_ROUTER", 0, 0, 2);
+  // Opt-in (=1): a CSA layer's indexer queries in a launch of their own
+  // before wq_b, so the scores and top-k run beside wq_b instead of after it.
+  bool iq_first = env_opt_in("AFF_CUDA_IQ_FIRST");
+  bool qfinish_csa = env_opt_in("AFF_CUDA_ATTN_QFINISH_CSA");
+  // With iq_first: wq_b's grid cap (0: as planned) and whether it is a
+  // programmatic dependent of the queries' launch (its blocks then hold SMs
+  // the selection's launches wait for).
+  int wqb_blocks = env_int("AFF_CUDA_WQB_BLOCKS", 0, 0, 4096);
+  bool wqb_pdl = env_switch_on("AFF_CUDA_WQB_PDL");
+  bool site_iw = env_switch_on("AFF_CUDA_SITE_IW");  // the mHC site computes the indexer's head weights
   // Tuning knobs, percent of the SMs: the side-stream shared expert's share
   // while the router runs beside it, and the routed up launch's in that
   // split. The routed jobs are dealt to blocks evenly and ahead, so a block
@@ -196,23 +206,26 @@ struct IndexerStreams {
   cudaStream_t sel, w, q, qr_from;
 };
 
-// The indexer's inputs: its compressor's entries (on ss.sel), the head
-// weights into ws.iw (on ss.w, then joined to ss.sel) and, unless the query
-// path computes them (iq_given: wq_b's launch), the queries into ws.iq with
-// RoPE (on ss.q, joined to ss.sel). q_norm: null when qr is already
-// normalised, else its rmsnorm weight (folded into wq_b). x_stored: the mHC
-// site wrote x into the indexer compressor's x ring.
+// The indexer's inputs: its compressor's entries (on ss.sel), unless the mHC
+// site computed them (iw_given: HcSiteFeeds) the head weights into ws.iw (on
+// ss.w, then joined to ss.sel) and, unless the query path computes them
+// (iq_given: wq_b's launch), the queries into ws.iq with RoPE (on ss.q,
+// joined to ss.sel). q_norm: null when qr is already normalised, else its
+// rmsnorm weight (folded into wq_b). x_stored: the mHC site wrote x into the
+// indexer compressor's x ring.
 Status indexer_inputs(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st,
                       const float* x, const float* qr, const float* q_norm, int64_t T, int64_t pos0,
-                      const IndexerStreams& ss, bool iq_given, bool x_stored) {
+                      const IndexerStreams& ss, bool iq_given, bool iw_given, bool x_stored) {
   const dsv4::ModelConfig& c = m.config;
   const cudaStream_t s = ss.sel;
   if (!ablated("icomp"))
     AFF_RETURN_IF_ERROR(compressor_run(m, ix.compressor, ls.idx, st, x, T, pos0, st.ws.icomp_kv.as<float>(),
                                        st.ws.icomp_gate.as<float>(), s, x_stored));
   const int nh = c.index_n_heads, hd = c.index_head_dim;
-  if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
-  if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
+  if (!iw_given) {
+    if (!ablated("iw")) AFF_RETURN_IF_ERROR(linear(ix.weights_proj, x, T, st.ws.iw.as<float>(), ss.w));
+    if (ss.w != s) AFF_RETURN_IF_ERROR(stream_after(s, ss.w, st.iw_ready));
+  }
   if (iq_given) return Status::ok();
   if (ss.qr_from != ss.q) AFF_RETURN_IF_ERROR(stream_after(ss.q, ss.qr_from, st.qr_ready));
   if (!ablated("iq")) {
@@ -240,14 +253,16 @@ int64_t entry_bound(int64_t pos0, int64_t T, int ratio, int64_t capacity) {
 // visible entry's score, then the top-k into ws.sel / ws.sel_count.
 // rope_q: ws.iq is still without its RoPE, which the scores launch applies.
 // pos0: the chunk's first position (a one-token step's top-k form depends on
-// it: entry_bound).
+// it: entry_bound). feeds: where the mHC site left the head weights' partial
+// sums (HcSiteFeeds::iw_parts), else they are in ws.iw.
 Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerState& ls, GpuState& st, int64_t T,
-                      int64_t pos0, cudaStream_t s, bool rope_q = false) {
+                      int64_t pos0, cudaStream_t s, const HcSiteFeeds& feeds, bool rope_q = false) {
   const dsv4::ModelConfig& c = m.config;
   const int nh = c.index_n_heads, hd = c.index_head_dim;
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
+  if (feeds.iw_parts != nullptr) a.w = nullptr, a.w_parts = feeds.iw_parts, a.w_nparts = feeds.iw_blocks;
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
   a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
@@ -378,10 +393,15 @@ void defer_comb(HcFusedArgs& f, HcCombJob* defer, float* copy) {
 
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
                    int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer,
-                   const HcXRings& x_rings, const HcCopies& copies) {
+                   const HcSiteFeeds& feeds, const HcCopies& copies) {
   if (defer != nullptr) *defer = HcCombJob{};
   AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, w, st, h, a, first, T, head, norm_weight, x));
-  f.x_ring[0] = x_rings.ring[0], f.x_ring[1] = x_rings.ring[1], f.x_ring_rows = x_rings.rows;
+  f.x_ring[0] = feeds.ring[0], f.x_ring[1] = feeds.ring[1], f.x_ring_rows = feeds.rows;
+  if (feeds.iw_parts != nullptr) {
+    if (first != 0 || head || feeds.iw_blocks != hc_decode_blocks(f.D))
+      return internal_error("mHC: the indexer's head weights need the decode site of the whole chunk");
+    f.iw_weight = feeds.iw_weight, f.iw_heads = feeds.iw_heads, f.iw_parts = feeds.iw_parts;
+  }
   if (copies.h != nullptr) {
     if (T > kSiteRouterMaxT || f.hc != 4 || head || first != 0)
       return internal_error("mHC: only a decode site keeps copies");
@@ -392,25 +412,34 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   return hc_fused(f, st.stream.get());
 }
 
-HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T) {
-  HcXRings r;
-  if (m.config.hc_mult != 4 || !switches().site_xring || m.config.compress_ratio(l) == 0) return r;
+HcSiteFeeds gpu_attention_site_feeds(const DeviceModel& m, int l, GpuState& st, int64_t T) {
+  HcSiteFeeds r;
+  if (m.config.hc_mult != 4 || m.config.compress_ratio(l) == 0) return r;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
-  int n = 0;
-  auto add = [&](const DeviceCompressor& c, GpuCompressorState& cs) {
-    if (!c.present || !defers_projections(c, cs, T)) return;
-    const int u = compressor_defer_rows(c.ratio);
-    if (r.rows != 0 && r.rows != u) return;  // one row count per site
-    r.rows = u, r.ring[n++] = cs.ring_x.as<float>();
-  };
-  add(w.compressor, ls.kv);
-  if (w.indexer.present) add(w.indexer.compressor, ls.idx);
+  if (switches().site_xring) {
+    int n = 0;
+    auto add = [&](const DeviceCompressor& c, GpuCompressorState& cs) {
+      if (!c.present || !defers_projections(c, cs, T)) return;
+      const int u = compressor_defer_rows(c.ratio);
+      if (r.rows != 0 && r.rows != u) return;  // one row count per site
+      r.rows = u, r.ring[n++] = cs.ring_x.as<float>();
+    };
+    add(w.compressor, ls.kv);
+    if (w.indexer.present) add(w.indexer.compressor, ls.idx);
+  }
+  const DeviceLinear& wp = w.indexer.weights_proj;
+  const int64_t D = m.config.hidden_size;
+  if (switches().site_iw && w.indexer.present && T <= kHcSmallT && wp.format == DevFormat::kBF16 && wp.in == D &&
+      hc_site_iw_supported(D, int(wp.out)) && st.ws.iw_parts.bytes() >= size_t(T * hc_decode_blocks(D) * wp.out) * 4) {
+    r.iw_weight = wp.weight, r.iw_heads = int(wp.out), r.iw_parts = st.ws.iw_parts.as<float>();
+    r.iw_blocks = hc_decode_blocks(D);
+  }
   return r;
 }
 
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job, const HcXRings& site_rings) {
+                     float* out, const HcCombJob& job, const HcSiteFeeds& feeds) {
   const dsv4::ModelConfig& c = m.config;
   const DeviceAttention& w = m.layers[size_t(l)].attn;
   GpuLayerState& ls = st.layers[size_t(l)];
@@ -445,7 +474,7 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // only after them) they do not queue behind the KV compressor on `side`,
   // which in a step completing an entry projects 4 rows through 16 MB of
   // BF16 weights first (AFF_CUDA_IW_OWN=0: on `side`).
-  const bool iw_own = fork_indexer && switches().iw_own;
+  const bool iw_own = fork_indexer && switches().iw_own && feeds.iw_parts == nullptr;
   const IndexerStreams iss{fork_indexer ? st.side2.get() : s, iw_own ? st.side3.get() : side,
                            fork_indexer ? st.side3.get() : s, s};
   if (fork) AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
@@ -480,6 +509,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const bool iq_stacked = fork_indexer && fold_q_norm && switches().stack_iq && !ablated("entries") &&
                           !ablated("iq") && !ablated("wq_b") &&
                           gemv_mma_pair_supports(w.wq_b, w.indexer.wq_b);
+  // Or the indexer's queries first, alone: its selection then overlaps wq_b.
+  const bool iq_first = iq_stacked && switches().iq_first;
   // Decode without an indexer: the attention normalises and rotates its
   // queries as it stages them, and the KV latent's norm and RoPE run beside
   // wq_b on side3: qkv_finish leaves the query path (~1 us per layer). With
@@ -489,8 +520,14 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   const float* freq = compressed ? st.rope_compress.as<float>() : st.rope_main.as<float>();
   AttentionArgs probe;
   probe.T = T, probe.Dh = Dh, probe.rope_dim = rd, probe.unrope_freq = freq;
-  const bool q_in_attn = side_ok && paired && switches().attn_qfinish && !w.indexer.present &&
-                         !ablated("wq_a") && !ablated("qkv") && attention_finishes_q(probe);
+  // With the indexer's queries first (iq_first) its selection runs beside
+  // wq_b, and the query path is wq_b then qkv_finish again: the attention may
+  // finish the queries there too (opt-in AFF_CUDA_ATTN_QFINISH_CSA=1), the KV
+  // latent's part on side4 (side3 carries the indexer's head weights).
+  const bool q_in_attn = side_ok && paired && switches().attn_qfinish &&
+                         (!w.indexer.present || (iq_first && switches().qfinish_csa)) && !ablated("wq_a") &&
+                         !ablated("qkv") && attention_finishes_q(probe);
+  cudaStream_t kv_side = w.indexer.present ? st.side4.get() : st.side3.get();
   // The KV latent's norm (with its weight) and RoPE, after the per-head query
   // norm and RoPE unless the attention does those.
   auto qkv_finish_on = [&](bool with_q, cudaStream_t on) {
@@ -501,15 +538,15 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     return qkv_finish(f, on);
   };
   if (q_in_attn) {
-    AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), s, st.kv_ready));
-    AFF_RETURN_IF_ERROR(qkv_finish_on(false, st.side3.get()));
+    AFF_RETURN_IF_ERROR(stream_after(kv_side, s, st.kv_ready));
+    AFF_RETURN_IF_ERROR(qkv_finish_on(false, kv_side));
   }
   // The compressed entries and the indexer's selection (beside s: enqueued
   // here, after qr's launch, so the indexer's wait on s covers it).
   // Whether the mHC site before already wrote this step's x into cs's x ring.
   auto stored = [&](const GpuCompressorState& cs) {
     const float* ring = cs.ring_x.as<float>();
-    return ring != nullptr && (site_rings.ring[0] == ring || site_rings.ring[1] == ring);
+    return ring != nullptr && (feeds.ring[0] == ring || feeds.ring[1] == ring);
   };
   auto entries = [&]() -> Status {
     if (!ablated("comp"))
@@ -518,8 +555,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
     prof_mark(s, "attn.compressor");
     if (w.indexer.present) {
       AFF_RETURN_IF_ERROR(indexer_inputs(m, w.indexer, ls, st, x, qr, fold_q_norm ? w.q_norm : nullptr, T, pos0, iss,
-                                         iq_stacked, stored(ls.idx)));
-      if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel));
+                                         iq_stacked, feeds.iw_parts != nullptr, stored(ls.idx)));
+      if (!iq_stacked) AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel, feeds));
       prof_mark(s, "attn.indexer");
     }
     return Status::ok();
@@ -528,6 +565,12 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   if (entries_beside) AFF_RETURN_IF_ERROR(entries());
   if (ablated("wq_b")) {
     // what-if timing: no wq_b
+  } else if (iq_first) {
+    AFF_RETURN_IF_ERROR(gemv_mma_normed(w.indexer.wq_b, qr, T, ws.iq.as<float>(), w.q_norm, eps, s));
+    AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
+    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel, feeds, /*rope_q=*/true));
+    AFF_RETURN_IF_ERROR(
+        gemv_mma_normed(w.wq_b, qr, T, q, w.q_norm, eps, s, switches().wqb_blocks, switches().wqb_pdl));
   } else if (iq_stacked) {
     PairOptions o;
     o.norm = w.q_norm, o.eps = eps;
@@ -540,16 +583,16 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   }
   prof_mark(s, "attn.q_norm+wq_b");
   // The indexer's choice waits for its queries (here) and its other inputs (on its stream).
-  if (iq_stacked) {
+  if (iq_stacked && !iq_first) {
     AFF_RETURN_IF_ERROR(stream_after(iss.sel, s, st.iq_ready));
-    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel, /*rope_q=*/true));
+    AFF_RETURN_IF_ERROR(indexer_choose(m, w.indexer, ls, st, T, pos0, iss.sel, feeds, /*rope_q=*/true));
   }
   if (!paired) {
     AFF_RETURN_IF_ERROR(linear(w.wkv, x, T, kv, s));
     prof_mark(s, "attn.wkv");
   }
   if (q_in_attn) {
-    AFF_RETURN_IF_ERROR(stream_after(s, st.side3.get(), st.kv_done));
+    AFF_RETURN_IF_ERROR(stream_after(s, kv_side, st.kv_done));
   } else {  // per-head query norm, KV norm, and RoPE on both, in one launch
     if (!ablated("qkv")) AFF_RETURN_IF_ERROR(qkv_finish_on(true, s));
     prof_mark(s, "attn.qkv_finish");

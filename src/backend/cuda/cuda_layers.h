@@ -36,15 +36,23 @@ constexpr int64_t kShortDecodePositions = 16384;
 // Which of those graphs a one-token step at position pos belongs to.
 int gpu_decode_shape(int64_t pos);
 
-// The x rings of layer l's compressors that defer a decode step's
-// projections (compressor_run), for the mHC site before the attention to
-// write x into (one store launch fewer per compressor); empty when there are
-// none or T != 1.
-struct HcXRings {
+// What the mHC site before layer l's attention computes for that attention's
+// side work at decode sizes, beside x (each saves a launch):
+//  - x into the x rings of the compressors that defer a decode step's
+//    projections (compressor_run); T == 1 only;
+//  - the indexer's head weights (weights_proj x) as partial sums over the
+//    site's blocks of channels, which the indexer's scores add up
+//    (AFF_CUDA_SITE_IW=0: their own launch).
+// Empty parts where the layer or the chunk has none.
+struct HcSiteFeeds {
   float* ring[2] = {nullptr, nullptr};
   int rows = 0;
+  const uint8_t* iw_weight = nullptr;  // [iw_heads, D] BF16
+  int iw_heads = 0;
+  float* iw_parts = nullptr;           // out [T, iw_blocks, iw_heads]
+  int iw_blocks = 0;
 };
-HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_t T);
+HcSiteFeeds gpu_attention_site_feeds(const DeviceModel& m, int l, GpuState& st, int64_t T);
 
 // One mHC site in one launch (kernels/mhc: hc_fused) for rows [first, first + T):
 // when `a` is set, h <- post_prev * a + comb_prev^T h first (the previous
@@ -56,7 +64,7 @@ HcXRings gpu_attention_x_rings(const DeviceModel& m, int l, GpuState& st, int64_
 // defer (optional): at decode sizes the site may leave its comb's Sinkhorn to
 // the next launch; *defer is then that job (else empty), and the caller must
 // hand it to gpu_attention / gpu_moe, which run it before anything reads comb.
-// x_rings: rings the site also writes x to (gpu_attention_x_rings; decode).
+// feeds: what the site also computes for the attention (gpu_attention_site_feeds; decode).
 // copies: what the site keeps for a gpu_hc_site_router after it (decode).
 struct HcCopies {
   float* h = nullptr;     // [T, hc, D] the site's output streams
@@ -65,7 +73,7 @@ struct HcCopies {
 };
 Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float* h, const float* a, int64_t first,
                    int64_t T, bool head, const float* norm_weight, float* x, HcCombJob* defer = nullptr,
-                   const HcXRings& x_rings = {}, const HcCopies& copies = {});
+                   const HcSiteFeeds& feeds = {}, const HcCopies& copies = {});
 
 // Whether layer l's MoE site and router run as one launch (gpu_hc_site_router)
 // for a chunk of T tokens; the layer's first site must then keep its copies
@@ -85,9 +93,9 @@ Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, c
 // [pos0, pos0 + T); appends the chunk to the layer's state; out: [T, D].
 // pos0 must equal the number of positions this layer has been fed.
 // job: the previous site's deferred comb (gpu_hc_site), run beside wq_a.
-// site_rings: the x rings the site before wrote x into (its x_rings).
+// feeds: what the site before computed for it (its feeds).
 Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, int64_t T, int64_t pos0,
-                     float* out, const HcCombJob& job = {}, const HcXRings& site_rings = {});
+                     float* out, const HcCombJob& job = {}, const HcSiteFeeds& feeds = {});
 
 // MoE of layer l: out: [T, D] from x: [T, D] (after ffn_norm); tokens: [T]
 // device ids (hash routing). no_routed: shared expert only.

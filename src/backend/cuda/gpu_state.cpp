@@ -257,6 +257,7 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_ASSIGN_OR_RETURN(st->side, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->side2, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->side3, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->side4, Stream::create());
   for (Event* e : {&st->fork, &st->qr_ready, &st->iq_ready, &st->iw_ready, &st->join, &st->join2, &st->join3,
                    &st->kv_ready, &st->kv_done, &st->gate_join}) {
     AFF_ASSIGN_OR_RETURN(*e, Event::create());
@@ -322,6 +323,8 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_RETURN_IF_ERROR(alloc(w.site_router_ticket, 1, 4, "workspace"));
   AFF_RETURN_IF_ERROR(
       cuda_status(cudaMemset(w.site_router_ticket.data(), 0, w.site_router_ticket.bytes()), "cudaMemset"));
+  if (c.index_n_heads > 0)
+    AFF_RETURN_IF_ERROR(alloc(w.iw_parts, kHcSmallT * hc_decode_blocks(D) * c.index_n_heads, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.qr, T * c.q_lora_rank, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.q, T * H * Dh, 4, "workspace"));
   AFF_RETURN_IF_ERROR(alloc(w.o, T * H * Dh, 4, "workspace"));

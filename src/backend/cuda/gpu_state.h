@@ -107,6 +107,7 @@ struct Workspace {
   DeviceBuffer x_inv;                   // [kSiteRouterMaxT] the second site's inverse rms of x
   DeviceBuffer gate_parts;              // [kSiteRouterMaxT, kSiteRouterCols, E] the gate's partial sums
   DeviceBuffer site_router_ticket;      // u32 [1], zero between launches
+  DeviceBuffer iw_parts;                // [kHcSmallT, hc_decode_blocks(D), index_n_heads] (HcSiteFeeds)
   DeviceBuffer route_ids;               // i32 [T, k]
   DeviceBuffer route_w;                 // [T, k]
   DeviceBuffer pair_w2;                 // pointers [T, k]: each routed pair's w2 (MoeDecodeArgs::pair_w2)
@@ -138,7 +139,8 @@ class GpuState {
   // When the attention finishes its queries itself, the KV latent's norm and
   // RoPE run on `side3` (which the indexer's queries then leave free) beside
   // wq_b: forked at kv_ready, joined at kv_done before attention.
-  Stream side, side2, side3;
+  // (A CSA layer whose attention finishes its queries: that KV part on side4.)
+  Stream side, side2, side3, side4;
   Event fork, qr_ready, iq_ready, iw_ready, join, join2, join3, kv_ready, kv_done;
   // The MoE router's gate beside its mHC site on side3 (AFF_CUDA_SITE_ROUTER=2),
   // joined at gate_join before the routed launches while gate_pending.

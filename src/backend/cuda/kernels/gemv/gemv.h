@@ -51,8 +51,10 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 // y: [T, w.out] = rmsnorm(x) W^T with x: [T, w.in] packed, where row t of
 // rmsnorm(x) is norm * x_t / sqrt(mean(x_t^2) + eps) (norm: [w.in]), as
 // rmsnorm_f32 computes it: the norm folded into the projection's launch.
+// max_blocks > 0 caps the grid (as PairOptions); programmatic = false: a plain
+// launch, whose blocks do not take SMs before the previous kernel ends.
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int max_blocks = 0, bool programmatic = true);
 // y: [T, w.out] = swiglu_clamp(gate, up, swiglu_limit) W^T, gate and up
 // [T, w.in] (token t at + t*ldx): an expert's down projection with its SwiGLU
 // done while x is staged. max_blocks > 0 caps the grid (as PairOptions).

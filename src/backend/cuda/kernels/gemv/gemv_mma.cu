@@ -653,11 +653,12 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 }
 
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int max_blocks, bool programmatic) {
   if (T <= 0) return Status::ok();
   const int64_t whole = round_up16(w.out);  // one group: every row reads x
   if (!gemv_mma_supports(w, 0, whole) || norm == nullptr) return internal_error("gemv_mma_normed: unsupported weight");
-  return launch_mma(w, 0, w.out, x, w.in, T, y, w.out, whole, 0, nullptr, nullptr, 0, stream, norm, eps);
+  return launch_mma(w, 0, w.out, x, w.in, T, y, w.out, whole, 0, nullptr, nullptr, 0, stream, norm, eps, {}, nullptr,
+                    0, max_blocks, nullptr, 0.0f, programmatic);
 }
 
 

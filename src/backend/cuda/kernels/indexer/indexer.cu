@@ -101,7 +101,17 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_mma_sm90(IndexerScore
         qv[i] = r < a.nh && d < a.hd ? __ldg(reinterpret_cast<const float4*>(a.q + ((t * a.nh + r) * a.hd + d)))
                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
-      wv = int(threadIdx.x) < a.nh ? a.w[t * a.nh + threadIdx.x] * a.w_scale : 0.0f;
+      wv = 0.0f;
+      if (int(threadIdx.x) < a.nh) {
+        if (a.w_parts != nullptr) {  // the mHC site's partial sums (HcSiteFeeds), in order
+          const float* wp = a.w_parts + t * a.w_nparts * a.nh + threadIdx.x;
+#pragma unroll 8
+          for (int p = 0; p < a.w_nparts; ++p) wv += __ldcg(wp + p * a.nh);
+        } else {
+          wv = a.w[t * a.nh + threadIdx.x];
+        }
+        wv *= a.w_scale;
+      }
     };
     __shared__ __align__(16) float2 rope_tab[kMaxHd / 2];  // (cos, sin) per rope pair of the current token
     const int rope_off = a.hd - a.rope_dim;

@@ -19,7 +19,9 @@ namespace aff::cuda {
 struct IndexerScoreArgs {
   const StepInfo* step = nullptr;  // device: the chunk's pos0 and T
   const float* q = nullptr;     // [T, nh, hd] indexer queries (RoPE applied)
-  const float* w = nullptr;     // [T, nh] per-head weights (weights_proj x)
+  const float* w = nullptr;     // [T, nh] per-head weights (weights_proj x), or null:
+  const float* w_parts = nullptr;  // [T, w_nparts, nh] their partial sums, added in order
+  int w_nparts = 0;
   float w_scale = 1.0f;         // 1/sqrt(hd)/sqrt(nh), folded into w as the reference does
   const float* keys = nullptr;  // [capacity, hd] indexer compressor entries
   int64_t T = 0;                // queries the launch is sized for (>= step->T)

@@ -72,6 +72,12 @@ struct HcFusedArgs {
   float* post_copy = nullptr;
   float* comb_copy = nullptr;
   float* x_inv = nullptr;
+  // Decode only, optional: the next attention's indexer head weights
+  // (weights_proj x) as partial sums over each block's channels, so no launch
+  // of their own precedes the indexer's scores (which add them up).
+  const uint8_t* iw_weight = nullptr;  // [iw_heads, D] BF16
+  int iw_heads = 0;                    // hc_site_iw_supported
+  float* iw_parts = nullptr;           // out [T, hc_decode_blocks(D), iw_heads]
 };
 
 // The Sinkhorn of a decode site whose comb was deferred (HcFusedArgs::
@@ -95,6 +101,11 @@ Status hc_comb_run(const HcCombJob& j, cudaStream_t stream);
 // a multiple of 8 (of 4 for an f32 fn) and at most 8192; anything else takes
 // the generic one-token-per-block kernel.
 constexpr int64_t kHcSmallT = 8;
+// Blocks of a token in the decode variant (channels per block: its threads).
+int hc_decode_blocks(int64_t D);
+// Whether the decode variant can compute the indexer's head weights
+// (HcFusedArgs::iw_weight): whole blocks of channels, at most 64 heads.
+bool hc_site_iw_supported(int64_t D, int heads);
 int hc_fused_blocks(int64_t D);
 Status hc_fused(const HcFusedArgs& a, cudaStream_t stream);
 

@@ -489,6 +489,12 @@ __global__ void __launch_bounds__(kPfThreads, 2) hc_prefill_f32_sm90(HcFusedArgs
 
 int hc_fused_blocks(int64_t D) { return int((D + kThreads - 1) / kThreads); }
 
+int hc_decode_blocks(int64_t D) { return int((D + kSmallThreads - 1) / kSmallThreads); }
+
+bool hc_site_iw_supported(int64_t D, int heads) {
+  return D > 0 && D % kSmallThreads == 0 && heads >= 1 && heads <= (kSmallThreads / 32) * hc_site::IwSlice::kHeadsPerWarp;
+}
+
 namespace {
 
 static_assert(kPfChannels == kThreads, "the prefill variant's channel blocks are hc_fused_blocks'");
@@ -562,6 +568,11 @@ Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
     return internal_error("hc_fused: only the decode variant leaves comb to a job");
   if (a.x_ring_rows > 0 && !(a.T == 1 && a.hc == 4 && a.step != nullptr))
     return internal_error("hc_fused: only a one-token decode site writes the x rings");
+  if (a.iw_parts != nullptr &&
+      !(a.T <= kHcSmallT && a.hc == 4 && !a.head && hc_site_iw_supported(a.D, a.iw_heads) &&
+        reinterpret_cast<uintptr_t>(a.iw_weight) % 8 == 0))
+    return internal_error("hc_fused: the indexer's head weights need the decode site, whole blocks of channels and "
+                          "at most 64 heads");
   if (a.T <= kHcSmallT && a.hc == 4) {
     const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
     const size_t nb = grid.x;

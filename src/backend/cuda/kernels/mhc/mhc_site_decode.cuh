@@ -63,6 +63,46 @@ __device__ __forceinline__ void load_expanded(const HcFusedArgs& a, float* h, in
 // the barrier needs. All fn loads of a thread are issued before any is used.
 constexpr int kSmallThreads = 128;
 
+// The next attention's indexer head weights over one block's channels
+// (HcFusedArgs::iw_weight): warp w takes heads [16 w, 16 w + 16), lane l the
+// block's channels [4 l, 4 l + 4). load() issues the weight loads (while the
+// site's barrier waits), finish() dots them with the block's x and writes the
+// block's partial sums.
+struct IwSlice {
+  static constexpr int kHeadsPerWarp = 16;
+  uint2 w[kHeadsPerWarp];  // 4 BF16 weights per head
+
+  __device__ __forceinline__ void load(const HcFusedArgs& a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t c = int64_t(blockIdx.x) * kSmallThreads + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      const int h = warp * kHeadsPerWarp + i;
+      w[i] = h < a.iw_heads ? __ldg(reinterpret_cast<const uint2*>(a.iw_weight + (int64_t(h) * a.D + c) * 2))
+                            : make_uint2(0u, 0u);
+    }
+  }
+
+  // xs: [kSmallThreads] the block's x (shared).
+  __device__ __forceinline__ void finish(const HcFusedArgs& a, const float* xs, int64_t t, int nb) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float4 xv = reinterpret_cast<const float4*>(xs)[lane];
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      float p = bf16_bits_to_f32(uint16_t(w[i].x)) * xv.x;
+      p = fmaf(bf16_bits_to_f32(uint16_t(w[i].x >> 16)), xv.y, p);
+      p = fmaf(bf16_bits_to_f32(uint16_t(w[i].y)), xv.z, p);
+      v[i] = fmaf(bf16_bits_to_f32(uint16_t(w[i].y >> 16)), xv.w, p);
+    }
+#pragma unroll
+    for (int i = kHeadsPerWarp; i < 32; ++i) v[i] = 0.0f;
+    const float s = warp_sum_each(v);  // lane i: head warp * 16 + i's sum over the block's channels
+    const int h = warp * kHeadsPerWarp + lane;
+    if (lane < kHeadsPerWarp && h < a.iw_heads) a.iw_parts[(t * nb + blockIdx.x) * a.iw_heads + h] = s;
+  }
+};
+
 // The body of one decode site block; blocks [0, nb) of grid row t = blockIdx.y
 // are the token's site (a launch may hold other blocks after them: the site
 // and router launch, moe/site_router.cu). Must be called by all kSmallThreads
@@ -141,6 +181,8 @@ __device__ __forceinline__ void site_decode_body(const HcFusedArgs& a, int nb) {
   unsigned* arrive = a.tickets + 2 * t;
   unsigned* depart = arrive + 1;
   grid_arrive(arrive);
+  IwSlice iw;
+  if (a.iw_parts != nullptr) iw.load(a);  // weights: while the barrier waits
   grid_wait(arrive, unsigned(nb));
 
   // Every block reduces the partials in block order (the same sums in every
@@ -192,18 +234,24 @@ __device__ __forceinline__ void site_decode_body(const HcFusedArgs& a, int nb) {
     }
   }
   __syncthreads();
-  if (!live) return;
   float x = 0.0f;
+  if (live) {
 #pragma unroll
-  for (int j = 0; j < HC; ++j) x = fmaf(coef[j], v[j], x);
-  if (a.x_norm) x = a.x_norm[d] * (x * rms_inv(fmaxf(tot[0], 0.0f), float(D), a.norm_eps));
-  a.x[t * D + d] = x;
-  if (a.x_ring_rows > 0) {  // one token (the host checks)
-    const int64_t row = a.step->pos0 % a.x_ring_rows;
+    for (int j = 0; j < HC; ++j) x = fmaf(coef[j], v[j], x);
+    if (a.x_norm) x = a.x_norm[d] * (x * rms_inv(fmaxf(tot[0], 0.0f), float(D), a.norm_eps));
+    a.x[t * D + d] = x;
+    if (a.x_ring_rows > 0) {  // one token (the host checks)
+      const int64_t row = a.step->pos0 % a.x_ring_rows;
 #pragma unroll
-    for (int k = 0; k < 2; ++k)
-      if (a.x_ring[k] != nullptr) a.x_ring[k][row * D + d] = x;
+      for (int k = 0; k < 2; ++k)
+        if (a.x_ring[k] != nullptr) a.x_ring[k][row * D + d] = x;
+    }
   }
+  if (a.iw_parts == nullptr) return;  // uniform over the grid
+  __shared__ __align__(16) float x_block[kSmallThreads];
+  x_block[threadIdx.x] = x;  // every channel live (hc_site_iw_supported)
+  __syncthreads();
+  iw.finish(a, x_block, t, nb);
 }
 
 }  // namespace aff::cuda::hc_site
