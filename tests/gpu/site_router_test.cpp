@@ -1,7 +1,9 @@
 // The MoE site and router in one launch (site_router) against the two
 // launches it replaces (hc_fused, then router_gate_topk on the site's x), on
 // V4's shape and an odd one, in one launch and as two on two streams
-// (site_router_split), 1 and 2 tokens, top-k with a bias and hash
+// (site_router_split), and with the gate's stream columns in a launch of
+// their own before the site, reading the streams in place
+// (site_router_streams, then site_router_split with them done), 1 and 2 tokens, top-k with a bias and hash
 // routing, BF16 and F32 gates. The site's outputs must be the same bits (same
 // body; the merged launch finishes comb's Sinkhorn itself, which must give the
 // bits of the site's own); the picks must agree exactly, the logits and weights to f32 rounding
@@ -80,7 +82,9 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
     std::vector<uint32_t> tickets;
   };
   // One path from fresh copies of the site's in-place inputs. merged 0: hc_fused
-  // then router_gate_topk; 1: site_router; 2: site_router_split on two streams.
+  // then router_gate_topk; 1: site_router; 2: site_router_split on two streams;
+  // 3: site_router_streams on h (before the site overwrites it), then the split
+  // launch with only a's column left to its gate blocks.
   auto run = [&](int merged, int launches) -> Result<Out> {
     AFF_ASSIGN_OR_RETURN(DeviceBuffer h, upload_vector(h1, "test"));
     AFF_ASSIGN_OR_RETURN(DeviceBuffer post, upload_vector(post1, "test"));
@@ -125,10 +129,17 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
         s.h_prev = d_hp->as<float>(), s.post_prev = d_pp->as<float>(), s.comb_prev = d_cp->as<float>();
         s.parts = parts.as<float>(), s.ticket = router_ticket;
         if (!site_router_supported(f, r, gate.w)) return internal_error("site_router_supported refused the case");
-        if (merged == 2) {
+        if (merged == 3) {
+          SiteRouterArgs early = s;
+          early.h_prev = h.as<float>();
+          AFF_RETURN_IF_ERROR(site_router_streams(early, nullptr));
+          AFF_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "test"));
+          s.h_prev = nullptr;  // the gate blocks must not need the streams any more
+        }
+        if (merged >= 2) {
           AFF_ASSIGN_OR_RETURN(Stream s1, Stream::create());
           AFF_ASSIGN_OR_RETURN(Stream s2, Stream::create());
-          AFF_RETURN_IF_ERROR(site_router_split(s, s1.get(), s2.get()));
+          AFF_RETURN_IF_ERROR(site_router_split(s, s1.get(), s2.get(), /*streams_done=*/merged == 3));
           AFF_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "test"));
         } else {
           AFF_RETURN_IF_ERROR(site_router(s, nullptr));
@@ -153,8 +164,10 @@ TEST_P(SiteRouter, MatchesSiteThenRouter) {
   };
   auto want = run(0, 1);
   ASSERT_TRUE(want.is_ok()) << want.status().message();
-  for (int merged : {1, 2}) {
-    SCOPED_TRACE(merged == 1 ? "one launch" : "two launches on two streams");
+  for (int merged : {1, 2, 3}) {
+    SCOPED_TRACE(merged == 1   ? "one launch"
+                 : merged == 2 ? "two launches on two streams"
+                               : "the stream columns first, then two launches");
     auto got = run(merged, 2);
     ASSERT_TRUE(got.is_ok()) << got.status().message();
     EXPECT_EQ(got->x, want->x) << "the site's x";

@@ -65,6 +65,7 @@ Status enqueue_layers(const DeviceModel& model, GpuState& st, int64_t T, int64_t
     AFF_RETURN_IF_ERROR(gpu_hc_site(model, lw.hc_attn, st, h, l > 0 ? y : nullptr, 0, T, false, lw.attn_norm, x,
                                     &job, feeds, site_router ? gpu_site_copies(st) : HcCopies{}));
     prof_mark(s, "mhc");
+    if (site_router) AFF_RETURN_IF_ERROR(gpu_site_router_streams(model, l, st, h, T, x, ws.tokens.as<int32_t>()));
     AFF_RETURN_IF_ERROR(gpu_attention(model, l, st, x, T, pos0, y, job, feeds));
     if (site_router) {
       job = HcCombJob{};  // the launch finishes its own comb

@@ -51,7 +51,9 @@ struct Switches {
   // in one launch (correct, but measured slower than the site and router
   // launches, docs/BENCHMARKS.md), 2 as two launches on two streams (the
   // shared expert then forks after the site's alone; not yet measured).
-  int site_router = env_int("AFF_CUDA_SITE_ROUTER", 0, 0, 2);
+  // 3: as 2, with the gate's four stream columns (site_router_streams) in a
+  // launch of their own right after the first site, beside the attention.
+  int site_router = env_int("AFF_CUDA_SITE_ROUTER", 0, 0, 3);
   // Opt-in (=1): a CSA layer's indexer queries in a launch of their own
   // before wq_b, so the scores and top-k run beside wq_b instead of after it.
   bool iq_first = env_opt_in("AFF_CUDA_IQ_FIRST");
@@ -402,7 +404,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
       return internal_error("mHC: the indexer's head weights need the decode site of the whole chunk");
     f.iw_weight = feeds.iw_weight, f.iw_heads = feeds.iw_heads, f.iw_parts = feeds.iw_parts;
   }
-  if (copies.h != nullptr) {
+  if (copies.post != nullptr) {
     if (T > kSiteRouterMaxT || f.hc != 4 || head || first != 0)
       return internal_error("mHC: only a decode site keeps copies");
     f.h_copy = copies.h, f.post_copy = copies.post, f.comb_copy = copies.comb;
@@ -698,12 +700,25 @@ bool gpu_site_router_takes(const DeviceModel& m, int l, int64_t T, bool no_route
   return site_router_shape_ok(T, c.hidden_size, c.hc_mult, r, lw.ffn.gate);
 }
 
+namespace {
+
+// Whether the gate's stream columns run early (AFF_CUDA_SITE_ROUTER=3).
+bool streams_early() { return switches().site_router == 3 && beside(true); }
+
+}  // namespace
+
 HcCopies gpu_site_copies(GpuState& st) {
-  return HcCopies{st.ws.h_copy.as<float>(), st.ws.post_copy.as<float>(), st.ws.comb_copy.as<float>()};
+  // With the stream columns computed early the streams are read in place.
+  return HcCopies{streams_early() ? nullptr : st.ws.h_copy.as<float>(), st.ws.post_copy.as<float>(),
+                  st.ws.comb_copy.as<float>()};
 }
 
-Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, const float* a, int64_t T,
-                          float* x, const int32_t* tokens) {
+namespace {
+
+// The launch's arguments; h: the streams, a: the attention's output (the
+// site's input), x: the site's output.
+Result<SiteRouterArgs> site_router_args(const DeviceModel& m, int l, GpuState& st, float* h, const float* a,
+                                        int64_t T, float* x, const int32_t* tokens) {
   const DeviceLayer& lw = m.layers[size_t(l)];
   AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, lw.hc_ffn, st, h, a, 0, T, false, lw.ffn_norm, x));
   f.x_inv = st.ws.x_inv.as<float>();
@@ -717,7 +732,34 @@ Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, c
   s.h_prev = cp.h, s.post_prev = cp.post, s.comb_prev = cp.comb;
   s.parts = st.ws.gate_parts.as<float>(), s.ticket = st.ws.site_router_ticket.as<unsigned>();
   if (!site_router_supported(f, s.router, lw.ffn.gate)) return internal_error("site_router: unsupported shape");
-  if (switches().site_router == 2 && beside(true)) {
+  return s;
+}
+
+}  // namespace
+
+Status gpu_site_router_streams(const DeviceModel& m, int l, GpuState& st, float* h, int64_t T, float* x,
+                               const int32_t* tokens) {
+  if (!streams_early()) return Status::ok();
+  AFF_ASSIGN_OR_RETURN(SiteRouterArgs s, site_router_args(m, l, st, h, st.ws.y.as<float>(), T, x, tokens));
+  s.h_prev = h;  // the first site's output, read before the MoE site overwrites it
+  AFF_RETURN_IF_ERROR(stream_after(st.side_gate.get(), st.stream.get(), st.fork));
+  AFF_RETURN_IF_ERROR(site_router_streams(s, st.side_gate.get()));
+  st.streams_pending = true;
+  return Status::ok();
+}
+
+Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, const float* a, int64_t T,
+                          float* x, const int32_t* tokens) {
+  AFF_ASSIGN_OR_RETURN(SiteRouterArgs s, site_router_args(m, l, st, h, a, T, x, tokens));
+  if (streams_early()) {
+    if (!st.streams_pending) return internal_error("site_router: the stream columns did not run");
+    st.streams_pending = false;
+    // The site overwrites the streams the early launch reads, and the finisher reads its columns.
+    AFF_RETURN_IF_ERROR(stream_after(st.stream.get(), st.side_gate.get(), st.streams_done));
+    AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), st.stream.get(), st.fork));
+    AFF_RETURN_IF_ERROR(site_router_split(s, st.stream.get(), st.side3.get(), /*streams_done=*/true));
+    st.gate_pending = true;
+  } else if (switches().site_router == 2 && beside(true)) {
     // The gate on side3 (free after the attention), joined before the routed launches (gpu_moe).
     AFF_RETURN_IF_ERROR(stream_after(st.side3.get(), st.stream.get(), st.fork));
     AFF_RETURN_IF_ERROR(site_router_split(s, st.stream.get(), st.side3.get()));

@@ -86,6 +86,11 @@ HcCopies gpu_site_copies(GpuState& st);
 // (kernels/moe/site_router.h): leaves the routes in st.ws for gpu_moe(...,
 // routes_ready = true). tokens: [T] device ids (hash routing). The site's
 // comb is finished inside the launch (no job for the next one).
+// With AFF_CUDA_SITE_ROUTER=3 the gate's stream columns run earlier, right
+// after the layer's first site (gpu_site_router_streams, h: its output streams,
+// T, x, tokens as here), beside the attention; elsewhere that call does nothing.
+Status gpu_site_router_streams(const DeviceModel& m, int l, GpuState& st, float* h, int64_t T, float* x,
+                               const int32_t* tokens);
 Status gpu_hc_site_router(const DeviceModel& m, int l, GpuState& st, float* h, const float* a, int64_t T,
                           float* x, const int32_t* tokens);
 

@@ -258,8 +258,9 @@ Result<std::unique_ptr<GpuState>> make_gpu_state(const DeviceModel& model, const
   AFF_ASSIGN_OR_RETURN(st->side2, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->side3, Stream::create());
   AFF_ASSIGN_OR_RETURN(st->side4, Stream::create());
+  AFF_ASSIGN_OR_RETURN(st->side_gate, Stream::create());
   for (Event* e : {&st->fork, &st->qr_ready, &st->iq_ready, &st->iw_ready, &st->join, &st->join2, &st->join3,
-                   &st->kv_ready, &st->kv_done, &st->gate_join}) {
+                   &st->kv_ready, &st->kv_done, &st->gate_join, &st->streams_done}) {
     AFF_ASSIGN_OR_RETURN(*e, Event::create());
   }
   AFF_ASSIGN_OR_RETURN(st->ahead, Stream::create());

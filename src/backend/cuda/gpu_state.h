@@ -146,6 +146,11 @@ class GpuState {
   // joined at gate_join before the routed launches while gate_pending.
   Event gate_join;
   bool gate_pending = false;
+  // AFF_CUDA_SITE_ROUTER=3: the gate's stream columns on side_gate, from the
+  // layer's first site to its MoE site (joined at streams_done while pending).
+  Stream side_gate;
+  Event streams_done;
+  bool streams_pending = false;
   // Decode: L2 prefetches of weights a few kernels ahead of their readers run
   // on `ahead` (forked where they should start, joined once at the step's end).
   Stream ahead;

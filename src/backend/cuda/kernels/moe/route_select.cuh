@@ -117,9 +117,12 @@ struct GateSlice {
   // each scaled by the ffn norm's weight g first. Every lane ends with the
   // warp's sums in acc.
   //   a: [T, D]; hs: [T, 4, D]; g: [D]; acc: [5 * kMaxT].
-  template <int kMaxT>
+  // Columns [kC0, kC0 + kNC) of them only (kC0 = 1, kNC = 4: the streams;
+  // kC0 = 0, kNC = 1: a), the others left zero; a or hs may then be null.
+  template <int kMaxT, int kC0 = 0, int kNC = 5>
   __device__ void dot_streams(const float* a, const float* hs, const float* g, int64_t D, int T, int lane,
                               float (&acc)[5 * kMaxT]) {
+    static_assert(kC0 >= 0 && kNC >= 1 && kC0 + kNC <= 5, "columns within a and the four streams");
 #pragma unroll
     for (int i = 0; i < 5 * kMaxT; ++i) acc[i] = 0.0f;
     for_each_chunk(lane, [&](int64_t c, const float (&w)[kPer]) {
@@ -135,15 +138,17 @@ struct GateSlice {
 #pragma unroll
       for (int t = 0; t < kMaxT; ++t) {
         if (t >= T) break;
-        fma_chunk(wf, a + int64_t(t) * D + c * kPer, acc[5 * t]);
+        if constexpr (kC0 == 0) fma_chunk(wf, a + int64_t(t) * D + c * kPer, acc[5 * t]);
 #pragma unroll
-        for (int v = 0; v < 4; ++v) fma_chunk(wf, hs + (int64_t(t) * 4 + v) * D + c * kPer, acc[5 * t + 1 + v]);
+        for (int v = 0; v < 4; ++v)
+          if (1 + v >= kC0 && 1 + v < kC0 + kNC)
+            fma_chunk(wf, hs + (int64_t(t) * 4 + v) * D + c * kPer, acc[5 * t + 1 + v]);
       }
     });
 #pragma unroll
     for (int i = 0; i < 5 * kMaxT; ++i) {
       if (i >= 5 * T) break;
-      acc[i] = warp_sum(acc[i]);
+      if (i % 5 >= kC0 && i % 5 < kC0 + kNC) acc[i] = warp_sum(acc[i]);
     }
   }
 };

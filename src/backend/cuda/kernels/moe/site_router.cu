@@ -77,8 +77,12 @@ __device__ void finish_routing(const SiteRouterArgs& a, float* smem, int32_t (*s
 
 // Blocks [0, nb) of a grid row are the site's (nb = 0: a launch of gate
 // blocks only), the rest gate blocks (none in a launch of the site only).
-template <int FNT, bool kBf16>
+// The gate blocks compute P columns [kC0, kC0 + kNC) (site_router.h); the
+// stream columns alone (kC0 = 1) are a launch of their own before the site,
+// which writes its partials and takes no part in the ticket.
+template <int FNT, bool kBf16, int kC0, int kNC>
 __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, int nb) {
+  constexpr bool kArrives = kC0 == 0;
   extern __shared__ float smem[];
   __shared__ float slice_sum[kWarps][kCols * kMaxT];
   __shared__ int32_t sel[kMaxT][32];
@@ -101,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
     pdl_launch_dependents();
     pdl_wait();  // a is the previous kernel's output; h_prev, post_prev, comb_prev earlier ones'
     float acc[kCols * kMaxT];
-    gs.template dot_streams<kMaxT>(a.site.a, a.h_prev, a.site.x_norm, a.site.D, T, lane, acc);
+    gs.template dot_streams<kMaxT, kC0, kNC>(a.site.a, a.h_prev, a.site.x_norm, a.site.D, T, lane, acc);
 #pragma unroll
     for (int i = 0; i < kCols * kMaxT; ++i)
       if (lane == 0 && i < kCols * T) slice_sum[warp][i] = acc[i];
@@ -113,8 +117,10 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
 #pragma unroll
       for (int q = 0; q < kSplit; ++q) v += slice_sum[rr * kSplit + q][col];
       // col = kCols * t + c -> parts[t][c][er]
-      if (er < r.E) a.parts[int64_t(col) * r.E + er] = v;
+      const int c = col % kCols;
+      if (er < r.E && c >= kC0 && c < kC0 + kNC) a.parts[int64_t(col) * r.E + er] = v;
     }
+    if constexpr (!kArrives) return;
   }
   // Ticket over the gate blocks and each token's site block 0 (the usual
   // last-block pattern: every writer fences, the block syncs, one thread
@@ -148,26 +154,42 @@ bool site_router_supported(const HcFusedArgs& s, const RouterArgs& r, const Devi
 
 namespace {
 
+// Which P columns a launch's gate blocks compute.
+enum class Cols { kAll, kA, kStreams };
+
 // site / gate: which roles this launch's grid holds.
-Status launch_site_router(const SiteRouterArgs& a, bool site, bool gate, cudaStream_t stream) {
+Status launch_site_router(const SiteRouterArgs& a, bool site, bool gate, Cols cols, cudaStream_t stream) {
   const HcFusedArgs& s = a.site;
   const int nb = int((s.D + kThreads - 1) / kThreads);
-  if (a.h_prev == nullptr || a.post_prev == nullptr || a.comb_prev == nullptr || a.parts == nullptr ||
-      a.ticket == nullptr || a.router.logits == nullptr)
+  if (cols == Cols::kStreams && site) return internal_error("site_router: the stream columns run before the site");
+  if ((gate && cols != Cols::kA && a.h_prev == nullptr) || a.post_prev == nullptr || a.comb_prev == nullptr ||
+      a.parts == nullptr || a.ticket == nullptr || a.router.logits == nullptr)
     return internal_error("site_router: missing buffers");
   if (s.x_ring_rows > 0) return internal_error("site_router: the MoE site writes no x rings");
   for (const void* p : {static_cast<const void*>(s.a), static_cast<const void*>(a.h_prev),
                         static_cast<const void*>(s.x_norm)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return internal_error("site_router: inputs must be 16-byte aligned");
+  if (s.a == nullptr && cols != Cols::kStreams) return internal_error("site_router: no sublayer output");
   const int site_blocks = site ? nb : 0;
   const dim3 grid(unsigned(site_blocks + (gate ? gate_blocks(a.router.E) : 0)), unsigned(site ? s.T : 1));
   const dim3 block(kThreads);
   const size_t smem = site_router_smem(nb, a.router.E, s.T);
   cudaError_t e = cudaErrorInvalidValue;
-#define AFF_SITE_ROUTER(FNT_)                                                                    \
-  case FNT_:                                                                                     \
-    e = a.gate_bf16 ? launch_pdl(site_router_sm90<FNT_, true>, grid, block, smem, stream, a, site_blocks)  \
-                    : launch_pdl(site_router_sm90<FNT_, false>, grid, block, smem, stream, a, site_blocks); \
+#define AFF_SITE_ROUTER_COLS(FNT_, BF16_)                                                                   \
+  switch (cols) {                                                                                           \
+    case Cols::kAll: e = launch_pdl(site_router_sm90<FNT_, BF16_, 0, 5>, grid, block, smem, stream, a, site_blocks); break; \
+    case Cols::kA: e = launch_pdl(site_router_sm90<FNT_, BF16_, 0, 1>, grid, block, smem, stream, a, site_blocks); break;   \
+    case Cols::kStreams:                                                                                    \
+      e = launch_pdl(site_router_sm90<FNT_, BF16_, 1, 4>, grid, block, smem, stream, a, site_blocks);       \
+      break;                                                                                                \
+  }
+#define AFF_SITE_ROUTER(FNT_)                  \
+  case FNT_:                                   \
+    if (a.gate_bf16) {                         \
+      AFF_SITE_ROUTER_COLS(FNT_, true)         \
+    } else {                                   \
+      AFF_SITE_ROUTER_COLS(FNT_, false)        \
+    }                                          \
     break;
   switch (s.fn_dtype) {
     AFF_SITE_ROUTER(0)
@@ -176,16 +198,23 @@ Status launch_site_router(const SiteRouterArgs& a, bool site, bool gate, cudaStr
     default: return internal_error("site_router: unknown mixes dtype");
   }
 #undef AFF_SITE_ROUTER
+#undef AFF_SITE_ROUTER_COLS
   return cuda_status(e, "site_router_sm90");
 }
 
 }  // namespace
 
-Status site_router(const SiteRouterArgs& a, cudaStream_t stream) { return launch_site_router(a, true, true, stream); }
+Status site_router(const SiteRouterArgs& a, cudaStream_t stream) {
+  return launch_site_router(a, true, true, Cols::kAll, stream);
+}
 
-Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream) {
-  AFF_RETURN_IF_ERROR(launch_site_router(a, false, true, gate_stream));
-  return launch_site_router(a, true, false, site_stream);
+Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream, bool streams_done) {
+  AFF_RETURN_IF_ERROR(launch_site_router(a, false, true, streams_done ? Cols::kA : Cols::kAll, gate_stream));
+  return launch_site_router(a, true, false, Cols::kAll, site_stream);
+}
+
+Status site_router_streams(const SiteRouterArgs& a, cudaStream_t stream) {
+  return launch_site_router(a, false, true, Cols::kStreams, stream);
 }
 
 }  // namespace aff::cuda

@@ -67,6 +67,17 @@ Status site_router(const SiteRouterArgs& a, cudaStream_t stream);
 // site_stream (both after the inputs are ready; they share the ticket, so
 // whichever ends last routes). The routes are ready once both have run;
 // what reads only x (the shared expert) may follow the site launch alone.
-Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream);
+// streams_done: the stream columns are already in parts (site_router_streams
+// ran), so the gate blocks compute a's column only.
+Status site_router_split(const SiteRouterArgs& a, cudaStream_t site_stream, cudaStream_t gate_stream,
+                         bool streams_done = false);
+
+// The four stream columns alone (P[h1[j]]: they read only the previous site's
+// output streams, a.h_prev, and the gate), as a launch that can run long
+// before the site, beside the attention: the streams are then still in h
+// (no copy needed), and the site must not start before it ends (it
+// overwrites h). Only a.h_prev, a.site (T, D, x_norm), a.router (T, E), the
+// gate and a.parts are read.
+Status site_router_streams(const SiteRouterArgs& a, cudaStream_t stream);
 
 }  // namespace aff::cuda
