@@ -264,7 +264,8 @@ Status indexer_choose(const DeviceModel& m, const DeviceIndexer& ix, GpuLayerSta
   IndexerScoreArgs a;
   a.step = st.step.as<StepInfo>();
   a.q = st.ws.iq.as<float>(), a.w = st.ws.iw.as<float>(), a.keys = ls.idx.entries.as<float>();
-  if (feeds.iw_parts != nullptr) a.w = nullptr, a.w_parts = feeds.iw_parts, a.w_nparts = feeds.iw_blocks;
+  if (feeds.iw_parts != nullptr)
+    a.w = nullptr, a.w_parts = feeds.iw_parts, a.w_nparts = hc_decode_blocks(c.hidden_size);
   a.w_scale = 1.0f / std::sqrt(float(hd)) / std::sqrt(float(nh));
   a.T = T, a.capacity = ls.idx.capacity, a.nh = nh, a.hd = hd, a.ratio = ix.compressor.ratio;
   a.precision = mma_precision(), a.scores = st.ws.scores.as<float>();
@@ -400,7 +401,7 @@ Status gpu_hc_site(const DeviceModel& m, const DeviceHc& w, GpuState& st, float*
   AFF_ASSIGN_OR_RETURN(HcFusedArgs f, hc_site_args(m, w, st, h, a, first, T, head, norm_weight, x));
   f.x_ring[0] = feeds.ring[0], f.x_ring[1] = feeds.ring[1], f.x_ring_rows = feeds.rows;
   if (feeds.iw_parts != nullptr) {
-    if (first != 0 || head || feeds.iw_blocks != hc_decode_blocks(f.D))
+    if (first != 0 || head)
       return internal_error("mHC: the indexer's head weights need the decode site of the whole chunk");
     f.iw_weight = feeds.iw_weight, f.iw_heads = feeds.iw_heads, f.iw_parts = feeds.iw_parts;
   }
@@ -433,10 +434,8 @@ HcSiteFeeds gpu_attention_site_feeds(const DeviceModel& m, int l, GpuState& st, 
   const DeviceLinear& wp = w.indexer.weights_proj;
   const int64_t D = m.config.hidden_size;
   if (switches().site_iw && w.indexer.present && T <= kHcSmallT && wp.format == DevFormat::kBF16 && wp.in == D &&
-      hc_site_iw_supported(D, int(wp.out)) && st.ws.iw_parts.bytes() >= size_t(T * hc_decode_blocks(D) * wp.out) * 4) {
+      hc_site_iw_supported(D, int(wp.out)) && st.ws.iw_parts.bytes() >= size_t(T * hc_decode_blocks(D) * wp.out) * 4)
     r.iw_weight = wp.weight, r.iw_heads = int(wp.out), r.iw_parts = st.ws.iw_parts.as<float>();
-    r.iw_blocks = hc_decode_blocks(D);
-  }
   return r;
 }
 
@@ -525,7 +524,8 @@ Status gpu_attention(const DeviceModel& m, int l, GpuState& st, const float* x, 
   // With the indexer's queries first (iq_first) its selection runs beside
   // wq_b, and the query path is wq_b then qkv_finish again: the attention may
   // finish the queries there too (opt-in AFF_CUDA_ATTN_QFINISH_CSA=1), the KV
-  // latent's part on side4 (side3 carries the indexer's head weights).
+  // latent's part on side4 (with AFF_CUDA_SITE_IW=0 side3 carries the
+  // indexer's head weights).
   const bool q_in_attn = side_ok && paired && switches().attn_qfinish &&
                          (!w.indexer.present || (iq_first && switches().qfinish_csa)) && !ablated("wq_a") &&
                          !ablated("qkv") && attention_finishes_q(probe);

@@ -49,8 +49,7 @@ struct HcSiteFeeds {
   int rows = 0;
   const uint8_t* iw_weight = nullptr;  // [iw_heads, D] BF16
   int iw_heads = 0;
-  float* iw_parts = nullptr;           // out [T, iw_blocks, iw_heads]
-  int iw_blocks = 0;
+  float* iw_parts = nullptr;           // out [T, hc_decode_blocks(D), iw_heads]
 };
 HcSiteFeeds gpu_attention_site_feeds(const DeviceModel& m, int l, GpuState& st, int64_t T);
 

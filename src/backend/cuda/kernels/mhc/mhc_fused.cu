@@ -574,7 +574,7 @@ Status hc_fused(const HcFusedArgs& a, cudaStream_t stream) {
     return internal_error("hc_fused: the indexer's head weights need the decode site, whole blocks of channels and "
                           "at most 64 heads");
   if (a.T <= kHcSmallT && a.hc == 4) {
-    const dim3 grid(unsigned((a.D + kSmallThreads - 1) / kSmallThreads), unsigned(a.T));
+    const dim3 grid(unsigned(hc_decode_blocks(a.D)), unsigned(a.T));
     const size_t nb = grid.x;
     const dim3 block(kSmallThreads);
     cudaError_t e;

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) site_router_sm90(SiteRouterArgs a, i
 
 bool site_router_shape_ok(int64_t T, int64_t D, int hc, const RouterArgs& r, const DeviceLinear& gate) {
   const bool bf16 = gate.format == DevFormat::kBF16, f32 = gate.format == DevFormat::kF32;
-  const int nb = int((D + kThreads - 1) / kThreads);
+  const int nb = hc_decode_blocks(D);
   return (bf16 || f32) && T >= 1 && T <= kSiteRouterMaxT && r.T == T && hc == 4 && r.E >= 1 &&
          r.E <= 32 * kTopkPerLane && r.k >= 1 && r.k <= 32 && r.k <= r.E && gate.out == r.E && gate.in == D &&
          D % (4 * 32 * kSplit) == 0 && reinterpret_cast<uintptr_t>(gate.weight) % 16 == 0 &&
@@ -160,7 +160,7 @@ enum class Cols { kAll, kA, kStreams };
 // site / gate: which roles this launch's grid holds.
 Status launch_site_router(const SiteRouterArgs& a, bool site, bool gate, Cols cols, cudaStream_t stream) {
   const HcFusedArgs& s = a.site;
-  const int nb = int((s.D + kThreads - 1) / kThreads);
+  const int nb = hc_decode_blocks(s.D);
   if (cols == Cols::kStreams && site) return internal_error("site_router: the stream columns run before the site");
   if ((gate && cols != Cols::kA && a.h_prev == nullptr) || a.post_prev == nullptr || a.comb_prev == nullptr ||
       a.parts == nullptr || a.ticket == nullptr || a.router.logits == nullptr)
