@@ -72,6 +72,17 @@ struct Switches {
   // 6.39 ms/token with all SMs for the routed launch).
   int shared_sms = env_int("AFF_CUDA_SHARED_SMS", 50, 1, 100);
   int routed_sms = env_int("AFF_CUDA_ROUTED_SMS", 50, 1, 100);
+  // Opt-in: the decode MoE's launch order. 0: the shared expert (up, then
+  // down) on the side stream beside the router and the routed up, each half
+  // the SMs. 1: only the shared up beside the router, joined before the
+  // routed up, which then has every SM; the down launch reads the routed
+  // pairs and the shared expert. 2: as 1, all on the main stream (shared up,
+  // router, routed up, down).
+  int moe_order = env_int("AFF_CUDA_MOE_ORDER", 0, 0, 2);
+  // Opt-in (=1): the side stream's FP8 shared expert takes its down
+  // projection as a tensor-core GEMV (gemv_mma_side) after the streaming up
+  // launch, instead of the streaming down kernel's FP8 tiles.
+  bool shared_down_gemv = env_opt_in("AFF_CUDA_SHARED_DOWN_GEMV");
   // Most blocks of a compressor's step-gated projection launch (0: as the
   // GEMV plans it, 128 for a CSA layer's): beside wq_a and wq_b in a step that
   // completes a unit, fewer, wider blocks leave them more SMs (docs/BENCHMARKS.md:
@@ -826,7 +837,8 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
                            gemv_mma_takes_all(sh.w1) && gemv_mma_takes_all(sh.w2) &&
                            2 * T * c.moe_inter <= int64_t(ws.y_pairs.bytes() / 4);
   const bool split = beside_ok && (moe_decode_streams(shared_only) || shared_gemv);
-  if (split) {
+  const bool split_order = split && !shared_gemv && switches().moe_order > 0 && moe_decode_streams(d);
+  if (split && !split_order) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
     if (!ablated("shared") && shared_gemv) {
@@ -839,28 +851,52 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
                                           shared_only.max_sms, side));
     } else if (!ablated("shared")) {
       AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
-      AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
+      // The up launch leaves the shared expert's SwiGLU output as f32 rows [T, inter].
+      if (switches().shared_down_gemv && gemv_mma_takes_all(sh.w2))
+        AFF_RETURN_IF_ERROR(gemv_mma_side(sh.w2, shared_only.act, c.moe_inter, T, shared_only.out, c.hidden_size,
+                                          shared_only.max_sms, side));
+      else
+        AFF_RETURN_IF_ERROR(moe_decode_down(shared_only, side));
     }
   }
   // A gate beside the site on side3 (gpu_hc_site_router): the routes exist once it has run.
-  if (st.gate_pending) {
+  auto join_gate = [&]() -> Status {
+    if (!st.gate_pending) return Status::ok();
     st.gate_pending = false;
-    AFF_RETURN_IF_ERROR(stream_after(s, st.side3.get(), st.gate_join));
-  }
+    return stream_after(s, st.side3.get(), st.gate_join);
+  };
+  if (!split_order) AFF_RETURN_IF_ERROR(join_gate());
   bool job_done = false;  // the previous mHC site's deferred comb: beside the router, or on its own
-  if (!routes_ready && !no_routed && !ablated("router")) {
-    RouterArgs r = router_args(m, w, tokens, T, ws);
-    // Decode: gate and top-k in one launch.
-    if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {
-      AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s, job));
-      job_done = true;
-    } else {
-      AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
-      AFF_RETURN_IF_ERROR(router_topk(r, s));
+  auto route = [&]() -> Status {
+    if (!routes_ready && !no_routed && !ablated("router")) {
+      RouterArgs r = router_args(m, w, tokens, T, ws);
+      // Decode: gate and top-k in one launch.
+      if (!linear_uses_gemm(w.gate, T) && router_gate_topk_supports(r, w.gate)) {
+        AFF_RETURN_IF_ERROR(router_gate_topk(r, w.gate, x, ws.router_ticket.as<unsigned>(), s, job));
+        job_done = true;
+      } else {
+        AFF_RETURN_IF_ERROR(linear(w.gate, x, T, ws.router_logits.as<float>(), s));
+        AFF_RETURN_IF_ERROR(router_topk(r, s));
+      }
+      prof_mark(s, "moe.router");
     }
-    prof_mark(s, "moe.router");
+    return job_done ? Status::ok() : hc_comb_run(job, s);
+  };
+  if (split_order) {
+    // The shared up beside the router (order 1) or before it (order 2); the
+    // routed up then has the GPU to itself, and one down launch reads both.
+    const bool side_up = switches().moe_order == 1;
+    if (side_up) AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
+    MoeDecodeArgs shared_up = shared_only;
+    if (!side_up) shared_up.max_sms = 0;
+    if (!ablated("shared")) AFF_RETURN_IF_ERROR(moe_decode_up(shared_up, side_up ? st.side.get() : s));
+    AFF_RETURN_IF_ERROR(join_gate());
+    AFF_RETURN_IF_ERROR(route());
+    if (side_up) AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
+    if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed, s));
+    return ablated("moe_down") ? Status::ok() : moe_decode_down(d, s);
   }
-  if (!job_done) AFF_RETURN_IF_ERROR(hc_comb_run(job, s));
+  AFF_RETURN_IF_ERROR(route());
   if (split) {
     MoeDecodeArgs routed_up = routed;
     routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);

@@ -55,6 +55,11 @@ Status gemv_mma(const DeviceLinear& w, int64_t row_begin, int64_t row_end, const
 // launch, whose blocks do not take SMs before the previous kernel ends.
 Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* y, const float* norm, float eps,
                        cudaStream_t stream, int max_blocks = 0, bool programmatic = true);
+// y: [T, w.out] = x W^T, x: [T, w.in] (token t at + t*ldx), y token t at +
+// t*ldy: a plain projection for a side stream (an ordinary launch, the grid
+// capped at max_blocks > 0), e.g. the shared expert's down projection.
+Status gemv_mma_side(const DeviceLinear& w, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy,
+                     int max_blocks, cudaStream_t stream);
 // y: [T, w.out] = swiglu_clamp(gate, up, swiglu_limit) W^T, gate and up
 // [T, w.in] (token t at + t*ldx): an expert's down projection with its SwiGLU
 // done while x is staged. max_blocks > 0 caps the grid (as PairOptions).

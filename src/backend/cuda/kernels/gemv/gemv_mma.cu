@@ -661,6 +661,14 @@ Status gemv_mma_normed(const DeviceLinear& w, const float* x, int64_t T, float* 
                     0, max_blocks, nullptr, 0.0f, programmatic);
 }
 
+Status gemv_mma_side(const DeviceLinear& w, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy,
+                     int max_blocks, cudaStream_t stream) {
+  if (T <= 0) return Status::ok();
+  const int64_t whole = round_up16(w.out);
+  if (!gemv_mma_supports(w, 0, whole)) return internal_error("gemv_mma_side: unsupported weight");
+  return launch_mma(w, 0, w.out, x, ldx, T, y, ldy, whole, 0, nullptr, nullptr, 0, stream, nullptr, 0.0f, {},
+                    nullptr, 0, max_blocks, nullptr, 0.0f, /*programmatic=*/false);
+}
 
 Status gemv_mma_swiglu(const DeviceLinear& w, const float* gate, const float* up, int64_t ldx, int64_t T,
                        float swiglu_limit, float* y, int64_t ldy, int max_blocks, cudaStream_t stream) {
