@@ -83,6 +83,11 @@ struct Switches {
   // projection as a tensor-core GEMV (gemv_mma_side) after the streaming up
   // launch, instead of the streaming down kernel's FP8 tiles.
   bool shared_down_gemv = env_opt_in("AFF_CUDA_SHARED_DOWN_GEMV");
+  // Opt-in (=1): an FP8 shared expert the streaming kernels read takes the
+  // tensor-core GEMVs instead (gemv_mma_pair gate + up, gemv_mma_swiglu down),
+  // as a split Q8_0 one does; with AFF_CUDA_MOE_ORDER=1 the up pair runs
+  // beside the router and the down beside the routed up.
+  bool shared_gemv = env_opt_in("AFF_CUDA_SHARED_GEMV");
   // Most blocks of a compressor's step-gated projection launch (0: as the
   // GEMV plans it, 128 for a CSA layer's): beside wq_a and wq_b in a step that
   // completes a unit, fewer, wider blocks leave them more SMs (docs/BENCHMARKS.md:
@@ -833,11 +838,14 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   // into y_pairs (unused by the decode MoE), then down with the SwiGLU folded
   // into its staging.
   const ExpertSlot& sh = w.shared_host;
-  const bool shared_gemv = beside_ok && !moe_decode_streams(shared_only) && gemv_mma_pair_supports(sh.w1, sh.w3) &&
+  const bool shared_gemv = beside_ok && (!moe_decode_streams(shared_only) || switches().shared_gemv) &&
+                           gemv_mma_pair_supports(sh.w1, sh.w3) &&
                            gemv_mma_takes_all(sh.w1) && gemv_mma_takes_all(sh.w2) &&
                            2 * T * c.moe_inter <= int64_t(ws.y_pairs.bytes() / 4);
   const bool split = beside_ok && (moe_decode_streams(shared_only) || shared_gemv);
-  const bool split_order = split && !shared_gemv && switches().moe_order > 0 && moe_decode_streams(d);
+  const int order = switches().moe_order;
+  const bool split_order = split && order > 0 && (shared_gemv ? order == 1 : moe_decode_streams(d));
+  const bool gemv_order = split_order && shared_gemv;
   if (split && !split_order) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
@@ -882,6 +890,31 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     }
     return job_done ? Status::ok() : hc_comb_run(job, s);
   };
+  if (gemv_order) {
+    // The shared expert as GEMVs: gate + up beside the router, joined before
+    // the routed up; the down beside the routed up, joined before the routed down.
+    cudaStream_t side = st.side.get();
+    float* gate = ws.y_pairs.as<float>();
+    float* up = gate + T * c.moe_inter;
+    AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
+    if (!ablated("shared")) {
+      PairOptions po;
+      po.max_blocks = shared_only.max_sms;
+      AFF_RETURN_IF_ERROR(gemv_mma_pair(sh.w1, sh.w3, x, c.hidden_size, T, gate, c.moe_inter, up, c.moe_inter, side, po));
+    }
+    AFF_RETURN_IF_ERROR(join_gate());
+    AFF_RETURN_IF_ERROR(route());
+    AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
+    AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
+    if (!ablated("shared"))
+      AFF_RETURN_IF_ERROR(gemv_mma_swiglu(sh.w2, gate, up, c.moe_inter, T, limit, shared_only.out, c.hidden_size,
+                                          shared_only.max_sms, side));
+    MoeDecodeArgs routed_up = routed;
+    routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);
+    if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed_up, s));
+    AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
+    return ablated("moe_down") ? Status::ok() : moe_decode_down(routed, s);
+  }
   if (split_order) {
     // The shared up beside the router (order 1) or before it (order 2); the
     // routed up then has the GPU to itself, and one down launch reads both.
