@@ -79,10 +79,11 @@ struct Switches {
   // pairs and the shared expert. 2: as 1, all on the main stream (shared up,
   // router, routed up, down).
   int moe_order = env_int("AFF_CUDA_MOE_ORDER", 0, 0, 2);
-  // Opt-in (=1): the side stream's FP8 shared expert takes its down
-  // projection as a tensor-core GEMV (gemv_mma_side) after the streaming up
-  // launch, instead of the streaming down kernel's FP8 tiles.
-  bool shared_down_gemv = env_opt_in("AFF_CUDA_SHARED_DOWN_GEMV");
+  // The side stream's FP8 shared expert takes its down projection as a
+  // tensor-core GEMV (gemv_mma_side) after the streaming up launch, instead
+  // of the streaming down kernel's FP8 tiles, which ran ~3 us longer and made
+  // the routed down wait for the join (docs/BENCHMARKS.md).
+  bool shared_down_gemv = env_switch_on("AFF_CUDA_SHARED_DOWN_GEMV");
   // Opt-in (=1): an FP8 shared expert the streaming kernels read takes the
   // tensor-core GEMVs instead (gemv_mma_pair gate + up, gemv_mma_swiglu down),
   // as a split Q8_0 one does; with AFF_CUDA_MOE_ORDER=1 the up pair runs
