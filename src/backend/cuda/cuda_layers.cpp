@@ -77,7 +77,7 @@ struct Switches {
   // the SMs. 1: only the shared up beside the router, joined before the
   // routed up, which then has every SM; the down launch reads the routed
   // pairs and the shared expert. 2: as 1, all on the main stream (shared up,
-  // router, routed up, down).
+  // router, routed up, down). Both measured slower (docs/BENCHMARKS.md).
   int moe_order = env_int("AFF_CUDA_MOE_ORDER", 0, 0, 2);
   // The side stream's FP8 shared expert takes its down projection as a
   // tensor-core GEMV (gemv_mma_side) after the streaming up launch, instead
@@ -847,17 +847,26 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   const int order = switches().moe_order;
   const bool split_order = split && order > 0 && (shared_gemv ? order == 1 : moe_decode_streams(d));
   const bool gemv_order = split_order && shared_gemv;
+  // The shared expert as GEMVs: gate + up into y_pairs, then the down.
+  float* sh_gate = ws.y_pairs.as<float>();
+  float* sh_up = sh_gate + T * c.moe_inter;
+  auto shared_gemv_up = [&](cudaStream_t side) -> Status {
+    PairOptions po;
+    po.max_blocks = shared_only.max_sms;
+    return gemv_mma_pair(sh.w1, sh.w3, x, c.hidden_size, T, sh_gate, c.moe_inter, sh_up, c.moe_inter, side, po);
+  };
+  auto shared_gemv_down = [&](cudaStream_t side) -> Status {
+    return gemv_mma_swiglu(sh.w2, sh_gate, sh_up, c.moe_inter, T, limit, shared_only.out, c.hidden_size,
+                           shared_only.max_sms, side);
+  };
+  MoeDecodeArgs routed_up = routed;  // the routed up beside the shared expert: its share of the SMs
+  routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);
   if (split && !split_order) {
     cudaStream_t side = st.side.get();
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
     if (!ablated("shared") && shared_gemv) {
-      float* gate = ws.y_pairs.as<float>();
-      float* up = gate + T * c.moe_inter;
-      PairOptions po;
-      po.max_blocks = shared_only.max_sms;
-      AFF_RETURN_IF_ERROR(gemv_mma_pair(sh.w1, sh.w3, x, c.hidden_size, T, gate, c.moe_inter, up, c.moe_inter, side, po));
-      AFF_RETURN_IF_ERROR(gemv_mma_swiglu(sh.w2, gate, up, c.moe_inter, T, limit, shared_only.out, c.hidden_size,
-                                          shared_only.max_sms, side));
+      AFF_RETURN_IF_ERROR(shared_gemv_up(side));
+      AFF_RETURN_IF_ERROR(shared_gemv_down(side));
     } else if (!ablated("shared")) {
       AFF_RETURN_IF_ERROR(moe_decode_up(shared_only, side));
       // The up launch leaves the shared expert's SwiGLU output as f32 rows [T, inter].
@@ -895,23 +904,13 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
     // The shared expert as GEMVs: gate + up beside the router, joined before
     // the routed up; the down beside the routed up, joined before the routed down.
     cudaStream_t side = st.side.get();
-    float* gate = ws.y_pairs.as<float>();
-    float* up = gate + T * c.moe_inter;
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
-    if (!ablated("shared")) {
-      PairOptions po;
-      po.max_blocks = shared_only.max_sms;
-      AFF_RETURN_IF_ERROR(gemv_mma_pair(sh.w1, sh.w3, x, c.hidden_size, T, gate, c.moe_inter, up, c.moe_inter, side, po));
-    }
+    if (!ablated("shared")) AFF_RETURN_IF_ERROR(shared_gemv_up(side));
     AFF_RETURN_IF_ERROR(join_gate());
     AFF_RETURN_IF_ERROR(route());
     AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
     AFF_RETURN_IF_ERROR(stream_after(side, s, st.fork));
-    if (!ablated("shared"))
-      AFF_RETURN_IF_ERROR(gemv_mma_swiglu(sh.w2, gate, up, c.moe_inter, T, limit, shared_only.out, c.hidden_size,
-                                          shared_only.max_sms, side));
-    MoeDecodeArgs routed_up = routed;
-    routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);
+    if (!ablated("shared")) AFF_RETURN_IF_ERROR(shared_gemv_down(side));
     if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed_up, s));
     AFF_RETURN_IF_ERROR(stream_after(s, side, st.join));
     return ablated("moe_down") ? Status::ok() : moe_decode_down(routed, s);
@@ -919,7 +918,7 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   if (split_order) {
     // The shared up beside the router (order 1) or before it (order 2); the
     // routed up then has the GPU to itself, and one down launch reads both.
-    const bool side_up = switches().moe_order == 1;
+    const bool side_up = order == 1;
     if (side_up) AFF_RETURN_IF_ERROR(stream_after(st.side.get(), s, st.fork));
     MoeDecodeArgs shared_up = shared_only;
     if (!side_up) shared_up.max_sms = 0;
@@ -932,8 +931,6 @@ Status gpu_moe(const DeviceModel& m, int l, GpuState& st, const int32_t* tokens,
   }
   AFF_RETURN_IF_ERROR(route());
   if (split) {
-    MoeDecodeArgs routed_up = routed;
-    routed_up.max_sms = std::max(2, current_device_multiprocessors() * switches().routed_sms / 100);
     if (!ablated("moe_up")) AFF_RETURN_IF_ERROR(moe_decode_up(routed_up, s));
     AFF_RETURN_IF_ERROR(stream_after(s, st.side.get(), st.join));
     return ablated("moe_down") ? Status::ok() : moe_decode_down(routed, s);
