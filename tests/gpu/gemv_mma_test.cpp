@@ -3,7 +3,7 @@
 // tile (rows not a multiple of 16), a row range, 1..8 tokens (and more, which
 // takes several launches), x with outliers, an all-zero block and tiny values,
 // subnormal E4M3 codes, and the grouped form the attention's output projection
-// uses. Both precision settings.
+// uses, the side stream's strided plain launch. Both precision settings.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -343,6 +343,61 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvBf16MmaPair,
                                            std::make_tuple(int64_t(1024), int64_t(1024), int64_t(4096), int64_t(4), false, 16),
                                            std::make_tuple(int64_t(256), int64_t(256), int64_t(4096), int64_t(4), true, 7),
                                            std::make_tuple(int64_t(128), int64_t(333), int64_t(1536), int64_t(3), true, 5)));
+
+// The side stream's plain projection (the shared expert's down after its
+// streaming up): x and y strided (token t at x + t*ldx, y + t*ldy, the gaps
+// not part of the product), the grid capped or not, 1..5 tokens, both
+// precisions. The gaps of y hold a sentinel the launch must leave alone.
+class GemvFp8MmaSide : public ::testing::TestWithParam<std::tuple<Shape, int64_t, int64_t, int, bool>> {};
+
+TEST_P(GemvFp8MmaSide, StridedRowsMatchTheHostProduct) {
+  AFF_SKIP_WITHOUT_GPU();
+  const auto [sh, ldx, ldy, max_blocks, exact] = GetParam();
+  ASSERT_GE(ldx, sh.in);
+  ASSERT_GE(ldy, sh.out);
+  AFF_SEEDED_RNG(seed, rng);
+  const HostFp8 h = random_fp8(sh.out, sh.in, rng);
+  const std::vector<float> xs = random_x(sh.T * ldx, rng);  // [T, ldx]; columns >= in are ignored
+  std::vector<float> x(size_t(sh.T * sh.in));                // the packed rows the product reads
+  for (int64_t t = 0; t < sh.T; ++t)
+    for (int64_t k = 0; k < sh.in; ++k) x[size_t(t * sh.in + k)] = xs[size_t(t * ldx + k)];
+  const std::vector<double> packed = host_product(h, x, sh.T);
+  const float sentinel = -12345.0f;
+  auto dw = upload_vector(h.w, "w");
+  auto ds = upload_vector(h.s, "s");
+  auto dx = upload_vector(xs, "x");
+  auto dy = upload_vector(std::vector<float>(size_t(sh.T * ldy), sentinel), "y");
+  ASSERT_TRUE(dw.is_ok() && ds.is_ok() && dx.is_ok() && dy.is_ok());
+  const DeviceLinear w = fp8_linear(h, *dw, *ds);
+  set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
+  ASSERT_TRUE(gemv_mma_side(w, dx->as<float>(), ldx, sh.T, dy->as<float>(), ldy, max_blocks, nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  set_mma_precision(MmaPrecision::kBf16x3);
+  auto got = download_vector(dy->as<float>(), size_t(sh.T * ldy), "y");
+  ASSERT_TRUE(got.is_ok());
+  std::vector<float> rows(size_t(sh.T * sh.out));
+  for (int64_t t = 0; t < sh.T; ++t) {
+    for (int64_t r = 0; r < sh.out; ++r) rows[size_t(t * sh.out + r)] = (*got)[size_t(t * ldy + r)];
+    for (int64_t r = sh.out; r < ldy; ++r) ASSERT_EQ((*got)[size_t(t * ldy + r)], sentinel) << "t " << t << " r " << r;
+  }
+  for (float v : rows) ASSERT_TRUE(std::isfinite(v));
+  const double e = rel_rms(rows, packed);
+  std::printf("[gemv-mma side] %s %lldx%lld ldx %lld ldy %lld T=%lld max_blocks %d: rel_rms %.3e\n",
+              exact ? "exact" : "fast", (long long)sh.out, (long long)sh.in, (long long)ldx, (long long)ldy,
+              (long long)sh.T, max_blocks, e);
+  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+}
+
+// V4-Flash's shared down (4096 x 2048, x the f32 SwiGLU rows of the up
+// launch), an odd row count with a row stride not a multiple of 4 (the
+// kernel's scalar x loads), capped grids.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemvFp8MmaSide,
+    ::testing::Values(std::make_tuple(Shape{4096, 2048, 0, 4096, 1}, int64_t(2048), int64_t(4096), 66, true),
+                      std::make_tuple(Shape{4096, 2048, 0, 4096, 1}, int64_t(2048), int64_t(4096), 66, false),
+                      std::make_tuple(Shape{4096, 2048, 0, 4096, 3}, int64_t(2176), int64_t(4160), 0, true),
+                      std::make_tuple(Shape{333, 1536, 0, 333, 5}, int64_t(1539), int64_t(401), 7, true),
+                      std::make_tuple(Shape{1024, 1024, 0, 1024, 2}, int64_t(1280), int64_t(1056), 1, false)));
 
 // The query path's q_norm folded into wq_b: x's rows RMS-normalised with a
 // weight inside the launch must match the double product of the normalised
