@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/kernels/gemm/mma_precision.h"
@@ -126,18 +127,29 @@ struct Shape {
   int64_t out, in, row_begin, row_end, T;
 };
 
-// Downloads y ([T, rows] of sh), checks it is finite and within the setting's
-// bound of want, and prints the error.
+// Downloads y ([T, rows] of sh, token t at y + t*ldy; ldy 0: rows), checks
+// that the gaps between rows still hold `gap`, that the rows are finite and
+// within the setting's bound of want, and prints the error.
 void expect_close(const DeviceBuffer& y, const std::vector<double>& want, const Shape& sh, bool exact,
-                  const char* kind) {
+                  const char* kind, int64_t ldy = 0, float gap = 0.0f) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   set_mma_precision(MmaPrecision::kBf16x3);
-  std::vector<float> got(want.size());
-  ASSERT_TRUE(copy_to_host(got.data(), y.data(), got.size() * 4, "y").is_ok());
+  const int64_t n = sh.row_end - sh.row_begin;
+  if (ldy == 0) ldy = n;
+  ASSERT_GE(ldy, n);
+  std::vector<float> all(size_t(sh.T * ldy));
+  ASSERT_TRUE(copy_to_host(all.data(), y.data(), all.size() * 4, "y").is_ok());
+  std::vector<float> got(size_t(sh.T * n));
+  for (int64_t t = 0; t < sh.T; ++t) {
+    for (int64_t r = 0; r < n; ++r) got[size_t(t * n + r)] = all[size_t(t * ldy + r)];
+    for (int64_t r = n; r < ldy; ++r) ASSERT_EQ(all[size_t(t * ldy + r)], gap) << "token " << t << " column " << r;
+  }
+  ASSERT_EQ(got.size(), want.size());
   for (float v : got) ASSERT_TRUE(std::isfinite(v));
   const double e = rel_rms(got, want);
-  std::printf("[gemv-mma %s] %s %lldx%lld rows [%lld,%lld) T=%lld: rel_rms %.3e\n", kind, exact ? "exact" : "fast",
-              (long long)sh.out, (long long)sh.in, (long long)sh.row_begin, (long long)sh.row_end, (long long)sh.T, e);
+  std::printf("[gemv-mma %s] %s %lldx%lld rows [%lld,%lld) T=%lld ldy %lld: rel_rms %.3e\n", kind,
+              exact ? "exact" : "fast", (long long)sh.out, (long long)sh.in, (long long)sh.row_begin,
+              (long long)sh.row_end, (long long)sh.T, (long long)ldy, e);
   EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
 }
 
@@ -371,21 +383,8 @@ TEST_P(GemvFp8MmaSide, StridedRowsMatchTheHostProduct) {
   const DeviceLinear w = fp8_linear(h, *dw, *ds);
   set_mma_precision(exact ? MmaPrecision::kBf16x3 : MmaPrecision::kBf16);
   ASSERT_TRUE(gemv_mma_side(w, dx->as<float>(), ldx, sh.T, dy->as<float>(), ldy, max_blocks, nullptr).is_ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  set_mma_precision(MmaPrecision::kBf16x3);
-  auto got = download_vector(dy->as<float>(), size_t(sh.T * ldy), "y");
-  ASSERT_TRUE(got.is_ok());
-  std::vector<float> rows(size_t(sh.T * sh.out));
-  for (int64_t t = 0; t < sh.T; ++t) {
-    for (int64_t r = 0; r < sh.out; ++r) rows[size_t(t * sh.out + r)] = (*got)[size_t(t * ldy + r)];
-    for (int64_t r = sh.out; r < ldy; ++r) ASSERT_EQ((*got)[size_t(t * ldy + r)], sentinel) << "t " << t << " r " << r;
-  }
-  for (float v : rows) ASSERT_TRUE(std::isfinite(v));
-  const double e = rel_rms(rows, packed);
-  std::printf("[gemv-mma side] %s %lldx%lld ldx %lld ldy %lld T=%lld max_blocks %d: rel_rms %.3e\n",
-              exact ? "exact" : "fast", (long long)sh.out, (long long)sh.in, (long long)ldx, (long long)ldy,
-              (long long)sh.T, max_blocks, e);
-  EXPECT_LE(e, exact ? kExactRelRms : kFastRelRms);
+  const std::string kind = "side ldx " + std::to_string(ldx) + " max_blocks " + std::to_string(max_blocks);
+  expect_close(*dy, packed, sh, exact, kind.c_str(), ldy, sentinel);
 }
 
 // V4-Flash's shared down (4096 x 2048, x the f32 SwiGLU rows of the up
